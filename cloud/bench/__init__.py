@@ -1,0 +1,1 @@
+"""Benchmarks: each module measures one component and returns JSON-able figures."""

@@ -1,0 +1,235 @@
+"""The engine core: loads a model, owns the scheduler and the runner, and runs one step at a time:
+schedule -> run -> update -> emit. No threads here (see async_engine.py for the serving loop).
+
+Every submission is checked before it is queued (prompt length, max_tokens, sampling values), so a
+bad request is refused with its reason and never reaches a step. A step that raises fails only the
+requests it carried; the core keeps serving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+
+from cloud.model.chat_template import ChatTemplate
+from cloud.model.llama import LlamaModel
+from cloud.model.loading import LoadedModel, load_model
+from cloud.model.tokenizer import Tokenizer
+from shared.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
+
+from .attention import DenseAttention
+from .block_pool import BlockPool
+from .config import EngineConfig
+from .kv_cache import KVCache
+from .output import RequestOutput, TextState, make_output
+from .request import FinishReason, Request, SamplingParams
+from .runner import ModelRunner
+from .sampler import Sampler
+from .scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass(slots=True)
+class _Choice:
+    """Engine-side state of one choice: the parent id the caller knows, its index, its text."""
+
+    parent_id: str
+    index: int
+    text: TextState
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_blocks: int
+    kv_usage: float
+    kv_bytes_per_token: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        loaded = loaded or load_model(config.model)
+        self.model_name = config.served_model_name or loaded.name
+        self.model_config = loaded.weights.config
+        self.tokenizer: Tokenizer = loaded.tokenizer
+        self.chat_template: ChatTemplate = loaded.chat_template
+        c = self.model_config
+        dtype = config.torch_dtype
+        bpt = KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype)
+        num_blocks = int(config.kv_cache_memory_gib * 2**30) // (bpt * config.block_size)
+        capacity = num_blocks * config.block_size
+        self.max_model_len = min(config.max_model_len or c.max_position, capacity)
+        if self.max_model_len < 1 or num_blocks < 1:
+            raise InvalidRequestError(f"the KV budget of {config.kv_cache_memory_gib} GiB holds no block")
+        self.kv_bytes_per_token = bpt
+        self.model = LlamaModel(
+            loaded.weights, dtype=dtype, weight_quant=config.weight_quant, max_positions=self.max_model_len
+        )
+        self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, self.max_model_len),
+            self.pool,
+            config.block_size,
+        )
+        self.cache = KVCache(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim, dtype)
+        self.sampler = Sampler()
+        self.runner = ModelRunner(self.model, self.cache, DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim), self.sampler)
+        self._choices: dict[str, _Choice] = {}
+        self._children: dict[str, list[str]] = {}
+        self._ids = itertools.count()
+        self._rng = random.Random(config.seed)
+
+    # -- submission -------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None = None) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
+        return self.tokenizer.encode(text, add_special=False)
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise the client's mistake, if any, before anything is queued."""
+        params.validate(self.model_config.vocab_size)
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if any(not 0 <= t < self.model_config.vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError("the prompt holds a token id outside the vocabulary", param="prompt")
+        limit = self.max_model_len
+        if n >= limit:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens"
+            )
+        if n + params.max_tokens > limit:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
+                f"max_tokens is {params.max_tokens} (at most {limit - n} fit)",
+                param="max_tokens",
+            )
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
+        """Queue a request (its n choices share the prompt's blocks). Raises on bad input or a full queue."""
+        self.check(prompt_token_ids, params)
+        if request_id in self._children:
+            raise InvalidRequestError(f"request id {request_id} is already in use")
+        if len(self.scheduler.waiting) + params.n > self.scheduler.config.max_waiting:
+            raise QueueFullError(f"the waiting queue is full ({self.scheduler.config.max_waiting} requests)")
+        eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
+        first: Request | None = None
+        kids = []
+        for i in range(params.n):
+            p = params
+            if params.n > 1:
+                # each choice samples with its own generator; a seeded request stays reproducible
+                seed = None if params.seed is None else params.seed + i
+                p = SamplingParams(**{**_fields(params), "n": 1, "seed": seed})
+            if p.seed is None and not p.greedy:
+                p = SamplingParams(**{**_fields(p), "seed": self._rng.getrandbits(63)})
+            rid = f"{request_id}#{i}" if params.n > 1 else request_id
+            req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first)
+            first = first or req
+            self.scheduler.add(req)
+            self._choices[rid] = _Choice(request_id, i, TextState(self.tokenizer, p.stop))
+            kids.append(rid)
+        self._children[request_id] = kids
+
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """End a request and all its choices at once, freeing their blocks."""
+        outs = []
+        for rid in self._children.get(request_id, []):
+            req = self.scheduler.finish(rid, FinishReason.ABORT)
+            if req is not None:
+                outs.append(self._final(req, FinishReason.ABORT))
+        return outs
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        try:
+            results = self.runner.execute(out)
+        except Exception as exc:  # fail the step's requests, keep the engine alive
+            return self._fail([c.request for c in out.chunks], exc)
+        events = self.scheduler.update(out, {rid: res.token_id for rid, res in results.items()})
+        outputs = []
+        for ev in events:
+            choice = self._choices[ev.request.request_id]
+            stop_token = ev.finish is FinishReason.STOP and ev.token_id in self._stop_ids(ev.request)
+            text, hit_stop = choice.text.add(ev.token_id, emit_text=not stop_token)
+            finish = ev.finish
+            if hit_stop and finish is None:
+                finish = FinishReason.STOP
+                self.scheduler.finish(ev.request.request_id, finish)
+            elif finish is not None:
+                finish = FinishReason.STOP if hit_stop else finish
+                text += choice.text.flush()
+            o = make_output(ev.request, choice.parent_id, choice.index, text, [ev.token_id], finish)
+            res = results[ev.request.request_id]
+            if ev.request.params.logprobs is not None:
+                o.logprobs = [res]
+            outputs.append(o)
+            if finish is not None:
+                self._forget(ev.request.request_id)
+        return outputs
+
+    def _stop_ids(self, req: Request) -> frozenset[int] | set[int]:
+        return req.eos_token_ids | set(req.params.stop_token_ids)
+
+    def _final(self, req: Request, reason: FinishReason, error: str | None = None) -> RequestOutput:
+        choice = self._choices[req.request_id]
+        o = make_output(req, choice.parent_id, choice.index, "", [], reason)
+        o.error = error
+        self._forget(req.request_id)
+        return o
+
+    def _fail(self, reqs: list[Request], exc: Exception) -> list[RequestOutput]:
+        outs = []
+        for req in reqs:
+            if self.scheduler.finish(req.request_id, FinishReason.ERROR) is not None:
+                outs.append(self._final(req, FinishReason.ERROR, f"engine error: {type(exc).__name__}: {exc}"))
+        return outs
+
+    def fail_all(self, exc: Exception) -> list[RequestOutput]:
+        """End every unfinished request with an error (after a failure outside the model step)."""
+        return self._fail(list(self.scheduler.requests.values()), exc)
+
+    def is_live(self, request_id: str) -> bool:
+        """Whether some choice of this submitted request is still unfinished."""
+        return request_id in self._children
+
+    def _forget(self, rid: str) -> None:
+        choice = self._choices.pop(rid, None)
+        self.sampler.forget(rid)
+        if choice is None:
+            return
+        kids = self._children.get(choice.parent_id, [])
+        if all(k not in self._choices for k in kids):
+            self._children.pop(choice.parent_id, None)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.pool.num_free,
+            num_blocks=self.pool.num_blocks,
+            kv_usage=self.pool.usage,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            prefix_queried_tokens=self.scheduler.prefix_queried_tokens,
+            prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
+        )
+
+    def next_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+
+def _fields(p: SamplingParams) -> dict[str, object]:
+    return {name: getattr(p, name) for name in SamplingParams.__dataclass_fields__}
+

@@ -1,0 +1,40 @@
+"""The paged KV cache tensors: per layer, keys and values for every slot of every block.
+
+Layout [kv_heads, num_blocks * block_size, head_dim] so one request's context gathers into a
+contiguous [kv_heads, ctx, head_dim] with a single index_select, the shape attention wants.
+Slot s lives in block s // block_size at offset s % block_size. Only the model runner writes here;
+the block pool decides which slots belong to whom.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        slots = num_blocks * block_size
+        self.k = [torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        # k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
+        self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots: [ctx] or [batch, ctx] -> k, v of [kv_heads, ctx, dim] or [batch, kv_heads, ctx, dim]."""
+        if slots.dim() == 1:
+            return self.k[layer].index_select(1, slots), self.v[layer].index_select(1, slots)
+        b, n = slots.shape
+        k = self.k[layer].index_select(1, slots.reshape(-1)).view(-1, b, n, self.k[layer].shape[-1])
+        v = self.v[layer].index_select(1, slots.reshape(-1)).view(-1, b, n, self.v[layer].shape[-1])
+        return k.transpose(0, 1), v.transpose(0, 1)

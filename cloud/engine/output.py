@@ -1,0 +1,79 @@
+"""What the engine hands back per step, and the per-request text state behind it: incremental
+detokenization, stop strings (matched on text, never returned), and held-back text so a stop
+string that is still forming is never streamed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cloud.model.detokenizer import IncrementalDecoder
+from cloud.model.tokenizer import Tokenizer
+
+from .request import FinishReason, Request
+from .sampler import SampleResult
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str  # the id the caller submitted (shared by its n > 1 choices)
+    index: int  # which of the n choices
+    text: str  # new text since the previous output of this choice
+    token_ids: list[int]  # new tokens
+    logprobs: list[SampleResult] = field(default_factory=list)  # one per new token, when asked
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+class TextState:
+    """The output text of one request: decoded incrementally, cut at the first stop string."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""
+        self.sent = 0
+
+    def add(self, token_id: int, emit_text: bool) -> tuple[str, bool]:
+        """Feed one token; returns (text ready to send, whether a stop string ended the output)."""
+        new = self.decoder.feed([token_id])
+        if not emit_text:
+            return "", False
+        start = max(0, len(self.text) - self.hold)
+        self.text += new
+        if self.stop:
+            hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                return self.flush(), True
+        ready = len(self.text) - self.hold if self.stop else len(self.text)
+        if ready <= self.sent:
+            return "", False
+        out = self.text[self.sent : ready]
+        self.sent = ready
+        return out, False
+
+    def flush(self) -> str:
+        out = self.text[self.sent :]
+        self.sent = len(self.text)
+        return out
+
+
+def make_output(
+    req: Request, parent_id: str, index: int, text: str, tokens: list[int], finish: FinishReason | None
+) -> RequestOutput:
+    return RequestOutput(
+        request_id=parent_id,
+        index=index,
+        text=text,
+        token_ids=tokens,
+        finished=finish is not None,
+        finish_reason=finish.value if finish else None,
+        num_prompt_tokens=req.num_prompt_tokens,
+        num_cached_tokens=max(0, req.num_cached_tokens),
+        num_output_tokens=len(req.output_token_ids),
+    )

@@ -1,0 +1,94 @@
+"""Render a model's chat template (Jinja, shipped inside the GGUF) into the prompt text.
+
+Templates come from model files, so they are untrusted code: they run in Jinja's immutable sandbox.
+The environment mirrors transformers' `apply_chat_template` (trim_blocks, lstrip_blocks, loop
+controls, `raise_exception`, `strftime_now`, a non-escaping `tojson`) so a template renders here
+exactly as its authors tested it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from shared.errors import InvalidRequestError, ModelLoadError
+
+# For models that ship no template; the ChatML layout that transformers once used as its default.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _raise_exception(message: str) -> None:
+    # Templates call this to refuse a conversation (e.g. "roles must alternate user/assistant").
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson HTML-escapes `<`, `>` and `&`, which would change the prompt the model sees.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings templates refer to."""
+
+    def __init__(self, template: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = template or CHATML_TEMPLATE
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(self.source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ModelLoadError(f"the model's chat template does not compile: {exc}") from exc
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text for `messages`; a conversation the template refuses is the client's error."""
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except (jinja2.TemplateError, TypeError, ValueError) as exc:
+            # TypeError/ValueError: the template met a message of a shape it cannot format
+            # (e.g. `None` content joined to a string).
+            raise InvalidRequestError(
+                f"chat template rejected the messages: {exc}", param="messages"
+            ) from exc

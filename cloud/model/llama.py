@@ -1,0 +1,100 @@
+"""The Llama-family forward (llama, qwen2) over a paged KV cache.
+
+One call runs a whole engine step: every scheduled request's new tokens, flattened into one
+[tokens, hidden] batch, so projections and MLPs are single matmuls; only attention looks at
+request boundaries, through the attention backend and its metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from cloud.engine.attention import AttentionBackend, AttentionMetadata
+from cloud.engine.kv_cache import KVCache
+
+from .config import ModelConfig
+from .linear import Linear, WeightQuant
+from .rope import RotaryEmbedding
+from .weights import ModelWeights
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv: Linear  # fused q, k, v: [q_size + 2 * kv_size, hidden]
+    o: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear  # fused gate and up: [2 * intermediate, hidden]
+    down: Linear
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        weights: ModelWeights,
+        *,
+        dtype: torch.dtype = torch.float32,
+        weight_quant: WeightQuant = "none",
+        max_positions: int | None = None,
+    ) -> None:
+        c = weights.config
+        self.config = c
+        self.dtype = dtype
+        self.weight_quant = weight_quant
+        self.layers: list[_Layer] = []
+        for lw in weights.layers:
+            bias = None
+            if lw.bq is not None and lw.bk is not None and lw.bv is not None:
+                bias = torch.cat([lw.bq, lw.bk, lw.bv])
+            self.layers.append(
+                _Layer(
+                    attn_norm=lw.attn_norm.float(),
+                    qkv=Linear(torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, weight_quant),
+                    o=Linear(lw.wo, None, dtype, weight_quant),
+                    ffn_norm=lw.ffn_norm.float(),
+                    gate_up=Linear(torch.cat([lw.w_gate, lw.w_up]), None, dtype, weight_quant),
+                    down=Linear(lw.w_down, None, dtype, weight_quant),
+                )
+            )
+        self.embed = weights.embed.to(dtype)
+        self.final_norm = weights.final_norm.float()
+        # The LM head runs once per sampled token, not per prompt token: keep it in the run dtype.
+        self.lm_head = Linear(weights.lm_head, None, dtype, "none")
+        self.rope = RotaryEmbedding(c, max_positions or c.max_position, dtype)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # RMSNorm in fp32 whatever the run dtype, as the reference implementation does
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.config.rms_eps).to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [tokens] int64
+        positions: torch.Tensor,  # [tokens] int64
+        cache: KVCache,
+        attention: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_rows: torch.Tensor,  # [sampled] rows of the step whose next-token logits are wanted
+    ) -> torch.Tensor:
+        """Run one step; returns fp32 logits [sampled, vocab]."""
+        c = self.config
+        n = input_ids.shape[0]
+        h = self.embed[input_ids]  # [tokens, hidden]
+        for i, layer in enumerate(self.layers):
+            x = self._norm(h, layer.attn_norm)
+            qkv = layer.qkv(x)
+            q = qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim)
+            k = qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim)
+            v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+            q, k = self.rope(q, k, positions)
+            cache.write(i, k, v, meta.slot_mapping)
+            o = attention(i, q, cache, meta)  # [tokens, heads, head_dim]
+            h = h + layer.o(o.reshape(n, c.q_size))
+            x = self._norm(h, layer.ffn_norm)
+            gu = layer.gate_up(x)
+            h = h + layer.down(F.silu(gu[:, : c.intermediate_size]) * gu[:, c.intermediate_size :])
+        last = self._norm(h[logits_rows], self.final_norm)
+        return self.lm_head(last).float()

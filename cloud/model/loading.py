@@ -1,0 +1,74 @@
+"""One entry point to load a model by path: a .gguf file or a Hugging Face directory (or, with no
+path, the default model, fetched on first use)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.errors import ModelLoadError
+
+from .chat_template import ChatTemplate
+from .registry import DEFAULT_MODEL, fetch
+from .tokenizer import Tokenizer
+from .weights import ModelWeights
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    name: str
+    path: Path
+    weights: ModelWeights
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+
+
+def load_model(path: str | Path | None = None) -> LoadedModel:
+    if path is None:
+        p, name = fetch(), DEFAULT_MODEL.name
+    else:
+        p = Path(path).expanduser()
+        name = p.stem if p.is_file() else p.name
+    if p.is_dir():
+        return _load_hf_dir(p, name)
+    if not p.is_file():
+        raise ModelLoadError(f"model not found: {p} (expected a .gguf file or a Hugging Face directory)")
+    from .gguf_loader import load_gguf
+
+    weights, data = load_gguf(p)
+    tokenizer = Tokenizer.from_gguf_data(data)
+    template = ChatTemplate(data.chat_template, *_bos_eos_text(tokenizer))
+    return LoadedModel(name, p, weights, tokenizer, template)
+
+
+def _bos_eos_text(tok: Tokenizer) -> tuple[str, str]:
+    bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else None
+    eos = tok.id_to_token(tok.eos_id) if tok.eos_id is not None else None
+    return bos or "", eos or ""
+
+
+def _load_hf_dir(d: Path, name: str) -> LoadedModel:
+    from .hf_loader import load_hf_dir
+
+    weights = load_hf_dir(d)
+    cfg_path = d / "tokenizer_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except ValueError as exc:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
+
+    def token_text(key: str) -> str | None:
+        v = cfg.get(key)
+        return v.get("content") if isinstance(v, dict) else v
+
+    probe = Tokenizer.from_hf_file(d / "tokenizer.json")
+    bos, eos = token_text("bos_token"), token_text("eos_token")
+    tokenizer = Tokenizer.from_hf_file(
+        d / "tokenizer.json",
+        bos_id=probe.token_to_id(bos) if bos else None,
+        eos_id=probe.token_to_id(eos) if eos else None,
+        add_bos=bool(cfg.get("add_bos_token", False)),
+        chat_template=cfg.get("chat_template"),
+    )
+    return LoadedModel(name, d, weights, tokenizer, ChatTemplate(cfg.get("chat_template"), bos or "", eos or ""))

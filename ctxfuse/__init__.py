@@ -1,0 +1,1 @@
+"""The `ctxfuse` command line (serve, worker, edge, certs, bench, models)."""

@@ -1,0 +1,3 @@
+from ctxfuse.cli import main
+
+raise SystemExit(main())

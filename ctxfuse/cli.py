@@ -1,0 +1,113 @@
+"""`ctxfuse` command line. Each subcommand's options are its component's configuration, with
+defaults that serve a first-time user; `ctxfuse SUBCOMMAND --help` lists them all."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from cloud.engine.config import DTYPES, EngineConfig
+from cloud.model.linear import WEIGHT_QUANTS
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched on first use)")
+    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: smollm2-135m-instruct or the file's stem)")
+    g.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype, help=f"activation and weight dtype (default {d.dtype})")
+    g.add_argument("--weight-quant", choices=WEIGHT_QUANTS, default=d.weight_quant, help=f"weight-only quantization (default {d.weight_quant})")
+    g.add_argument("--block-size", type=int, default=d.block_size, help=f"KV block size in tokens (default {d.block_size})")
+    g.add_argument("--kv-cache-memory", type=float, default=d.kv_cache_memory_gib, help=f"KV cache budget in GiB (default {d.kv_cache_memory_gib})")
+    g.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus output (default: the model's context, capped by the KV budget)")
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help=f"requests running at once (default {d.max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help=f"tokens per step; bounds prefill chunks (default {d.max_num_batched_tokens})")
+    g.add_argument("--max-queue", type=int, default=d.max_waiting, help=f"waiting requests before new ones are refused (default {d.max_waiting})")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        weight_quant=args.weight_quant,
+        block_size=args.block_size,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_waiting=args.max_queue,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def _cmd_models_fetch(args: argparse.Namespace) -> int:
+    from cloud.model.registry import fetch
+
+    print(fetch(quiet=args.quiet))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from cloud.engine.core import EngineCore
+    from cloud.engine.request import SamplingParams
+
+    core = EngineCore(engine_config(args))
+    ids = core.encode_chat([{"role": "user", "content": args.prompt}])
+    core.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
+    while core.has_work():
+        for o in core.step():
+            print(o.text, end="", flush=True)
+    print()
+    return 0
+
+
+def _cmd_bench_engine(args: argparse.Namespace) -> int:
+    from cloud.bench.engine_bench import BenchOptions, run
+
+    result = run(engine_config(args), BenchOptions(quick=args.quick, reference=not args.no_reference))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="manage model files").add_subparsers(dest="models_command", required=True)
+    f = models.add_parser("fetch", help="fetch the default model into the cache (CTXFUSE_HOME or ~/.cache/ctxfuse)")
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(func=_cmd_models_fetch)
+
+    g = sub.add_parser("generate", help="answer one chat prompt with the engine (a quick check)")
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    add_engine_options(g)
+    g.set_defaults(func=_cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    be = bench.add_parser("engine", help="engine prefill, decode, TTFT and memory, beside transformers; prints JSON")
+    be.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    be.add_argument("--no-reference", action="store_true", help="skip the transformers side")
+    add_engine_options(be)
+    be.set_defaults(func=_cmd_bench_engine)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from shared.errors import CtxfuseError
+
+        if isinstance(exc, CtxfuseError):
+            print(f"ctxfuse: {exc.message}", file=sys.stderr)
+            return 2
+        raise

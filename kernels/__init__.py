@@ -1,0 +1,1 @@
+"""Triton kernels for the engine's hot paths, each beside its PyTorch reference."""

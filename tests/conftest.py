@@ -1,0 +1,36 @@
+"""Shared fixtures. The real default model is used throughout (fetched once into CTXFUSE_HOME)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cloud.model.registry import fetch
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    override = os.environ.get("CTXFUSE_TEST_GGUF")
+    return Path(override) if override else fetch(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def loaded_model(gguf_path: Path):  # type: ignore[no-untyped-def]
+    from cloud.model.loading import load_model
+
+    return load_model(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def hf_model(gguf_path: Path):  # type: ignore[no-untyped-def]
+    """transformers' own Llama implementation loaded from the same GGUF: the reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    model.eval()
+    return model
