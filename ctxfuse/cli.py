@@ -15,16 +15,67 @@ from cloud.model.linear import WEIGHT_QUANTS
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched on first use)")
-    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: smollm2-135m-instruct or the file's stem)")
-    g.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype, help=f"activation and weight dtype (default {d.dtype})")
-    g.add_argument("--weight-quant", choices=WEIGHT_QUANTS, default=d.weight_quant, help=f"weight-only quantization (default {d.weight_quant})")
-    g.add_argument("--block-size", type=int, default=d.block_size, help=f"KV block size in tokens (default {d.block_size})")
-    g.add_argument("--kv-cache-memory", type=float, default=d.kv_cache_memory_gib, help=f"KV cache budget in GiB (default {d.kv_cache_memory_gib})")
-    g.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus output (default: the model's context, capped by the KV budget)")
-    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help=f"requests running at once (default {d.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help=f"tokens per step; bounds prefill chunks (default {d.max_num_batched_tokens})")
-    g.add_argument("--max-queue", type=int, default=d.max_waiting, help=f"waiting requests before new ones are refused (default {d.max_waiting})")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if missing)",
+    )
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: smollm2-135m-instruct or the file's stem)",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["auto", *sorted(DTYPES)],
+        default=d.dtype,
+        help="activations, KV cache and dense weights (default auto: float32)",
+    )
+    g.add_argument(
+        "--weight-quant",
+        choices=WEIGHT_QUANTS,
+        default=d.weight_quant,
+        help=(
+            "weight format: none (dense in --dtype), int8, int4, or auto (default): the fastest kernels on "
+            "this CPU among those whose greedy output agrees with float32, timed at start"
+        ),
+    )
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=d.block_size,
+        help=f"KV block size in tokens (default {d.block_size})",
+    )
+    g.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=d.kv_cache_memory_gib,
+        help=f"KV cache budget in GiB (default {d.kv_cache_memory_gib})",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt plus output (default: the model's context, capped by the KV budget)",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help=f"requests running at once (default {d.max_num_seqs})",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help=f"tokens per step; bounds prefill chunks (default {d.max_num_batched_tokens})",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        default=d.max_waiting,
+        help=f"waiting requests before new ones are refused (default {d.max_waiting})",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
 
 
@@ -73,12 +124,25 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_agreement(args: argparse.Namespace) -> int:
+    from cloud.bench.agreement import run
+
+    print(json.dumps(run(engine_config(args), max_tokens=args.max_tokens), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split.")
+    parser = argparse.ArgumentParser(
+        prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    models = sub.add_parser("models", help="manage model files").add_subparsers(dest="models_command", required=True)
-    f = models.add_parser("fetch", help="fetch the default model into the cache (CTXFUSE_HOME or ~/.cache/ctxfuse)")
+    models = sub.add_parser("models", help="manage model files").add_subparsers(
+        dest="models_command", required=True
+    )
+    f = models.add_parser(
+        "fetch", help="fetch the default model into the cache (CTXFUSE_HOME or ~/.cache/ctxfuse)"
+    )
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=_cmd_models_fetch)
 
@@ -90,11 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
-    be = bench.add_parser("engine", help="engine prefill, decode, TTFT and memory, beside transformers; prints JSON")
+    be = bench.add_parser(
+        "engine", help="engine prefill, decode, TTFT and memory, beside transformers; prints JSON"
+    )
     be.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     be.add_argument("--no-reference", action="store_true", help="skip the transformers side")
     add_engine_options(be)
     be.set_defaults(func=_cmd_bench_engine)
+    ba = bench.add_parser(
+        "agreement", help="greedy agreement of the chosen weight path with the float32 reference"
+    )
+    ba.add_argument("--max-tokens", type=int, default=64)
+    add_engine_options(ba)
+    ba.set_defaults(func=_cmd_bench_agreement)
     return parser
 
 

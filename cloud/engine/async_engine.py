@@ -58,7 +58,12 @@ class AsyncEngine:
     # -- caller side (any thread) -------------------------------------------------------------
 
     def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink, *, request_id: str | None = None,
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        *,
+        request_id: str | None = None,
         priority: int = 0,
     ) -> str:
         """Queue a request; `sink` receives its outputs on the engine thread. Raises the client's
@@ -76,7 +81,12 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None, priority: int = 0
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as they come; leaving the loop early aborts the request."""
         loop = asyncio.get_running_loop()

@@ -62,8 +62,9 @@ class DenseAttention:
         return out
 
     def _decode(self, layer: int, q: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        assert meta.decode_slots is not None
         b, h, d = q.shape
+        if meta.decode_slots is None:
+            raise ValueError("decode rows without decode slots in the attention metadata")
         k, v = cache.gather(layer, meta.decode_slots)  # [b, kv_heads, ctx, d]
         # One query per request, no causality inside the context: fold each KV head's query group
         # into the query-length axis so K/V are never repeated. qg: [b, kv_heads, group, d]
@@ -72,7 +73,6 @@ class DenseAttention:
         return o.reshape(b, h, d)
 
     def _prefill(self, layer: int, q: torch.Tensor, cache: KVCache, seq: PrefillSeq) -> torch.Tensor:
-        n, h, d = q.shape
         k, v = cache.gather(layer, seq.slots)  # [kv_heads, ctx, d]
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
         kh, vh = k.unsqueeze(0), v.unsqueeze(0)

@@ -12,11 +12,10 @@ full blocks hold which token prefix.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-from array import array
 
 BlockHash = bytes
 

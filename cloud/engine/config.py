@@ -9,16 +9,20 @@ import torch
 
 from cloud.model.linear import WeightQuant
 
-DType = Literal["float32", "bfloat16", "float16"]
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # a .gguf file or a Hugging Face directory; None: the default model
     served_model_name: str | None = None
-    dtype: DType = "float32"
-    weight_quant: WeightQuant = "none"
+    dtype: DType = "auto"  # activations, KV cache and norms; auto: float32
+    weight_quant: WeightQuant = "auto"  # auto: the fastest kernels on this machine, timed at start
     block_size: int = 16
     kv_cache_memory_gib: float = 2.0  # KV budget; the number of blocks follows from it
     max_model_len: int | None = None  # default: the model's trained context, capped by the KV budget
@@ -29,5 +33,9 @@ class EngineConfig:
     seed: int = 0  # for requests without a seed: makes a whole run reproducible
 
     @property
+    def run_dtype(self) -> str:
+        return "float32" if self.dtype == "auto" else self.dtype
+
+    @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES[self.run_dtype]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cloud.model.chat_template import ChatTemplate
+from cloud.model.linear import plan_weights
 from cloud.model.llama import LlamaModel
 from cloud.model.loading import LoadedModel, load_model
 from cloud.model.tokenizer import Tokenizer
@@ -67,18 +68,25 @@ class EngineCore:
         if self.max_model_len < 1 or num_blocks < 1:
             raise InvalidRequestError(f"the KV budget of {config.kv_cache_memory_gib} GiB holds no block")
         self.kv_bytes_per_token = bpt
+        self.weight_plan = plan_weights(
+            config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
+        )
         self.model = LlamaModel(
-            loaded.weights, dtype=dtype, weight_quant=config.weight_quant, max_positions=self.max_model_len
+            loaded.weights, dtype=dtype, plan=self.weight_plan, max_positions=self.max_model_len
         )
         self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, self.max_model_len),
+            SchedulerConfig(
+                config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, self.max_model_len
+            ),
             self.pool,
             config.block_size,
         )
         self.cache = KVCache(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim, dtype)
         self.sampler = Sampler()
-        self.runner = ModelRunner(self.model, self.cache, DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim), self.sampler)
+        self.runner = ModelRunner(
+            self.model, self.cache, DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim), self.sampler
+        )
         self._choices: dict[str, _Choice] = {}
         self._children: dict[str, list[str]] = {}
         self._ids = itertools.count()
@@ -86,7 +94,9 @@ class EngineCore:
 
     # -- submission -------------------------------------------------------------------------
 
-    def encode_chat(self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None = None
+    ) -> list[int]:
         text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer.encode(text, add_special=False)
 
@@ -127,9 +137,9 @@ class EngineCore:
             if params.n > 1:
                 # each choice samples with its own generator; a seeded request stays reproducible
                 seed = None if params.seed is None else params.seed + i
-                p = SamplingParams(**{**_fields(params), "n": 1, "seed": seed})
+                p = replace(params, n=1, seed=seed)
             if p.seed is None and not p.greedy:
-                p = SamplingParams(**{**_fields(p), "seed": self._rng.getrandbits(63)})
+                p = replace(p, seed=self._rng.getrandbits(63))
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first)
             first = first or req
@@ -194,7 +204,9 @@ class EngineCore:
         outs = []
         for req in reqs:
             if self.scheduler.finish(req.request_id, FinishReason.ERROR) is not None:
-                outs.append(self._final(req, FinishReason.ERROR, f"engine error: {type(exc).__name__}: {exc}"))
+                outs.append(
+                    self._final(req, FinishReason.ERROR, f"engine error: {type(exc).__name__}: {exc}")
+                )
         return outs
 
     def fail_all(self, exc: Exception) -> list[RequestOutput]:
@@ -228,8 +240,3 @@ class EngineCore:
 
     def next_request_id(self) -> str:
         return f"req-{next(self._ids)}"
-
-
-def _fields(p: SamplingParams) -> dict[str, object]:
-    return {name: getattr(p, name) for name in SamplingParams.__dataclass_fields__}
-

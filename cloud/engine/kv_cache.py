@@ -13,7 +13,13 @@ import torch
 
 class KVCache:
     def __init__(
-        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -46,7 +46,9 @@ class KVManager:
         Returns False, changing nothing, when the pool cannot hold them."""
         cached = cached or []
         have = len(req.block_ids) + len(cached)
-        total = (req.num_computed_tokens + len(cached) * self.block_size + num_new_tokens + self.block_size - 1) // self.block_size
+        total = (
+            req.num_computed_tokens + len(cached) * self.block_size + num_new_tokens + self.block_size - 1
+        ) // self.block_size
         need = max(0, total - have)
         revived = sum(1 for b in cached if self.pool.blocks[b].ref_count == 0)
         if need + revived > self.pool.num_free:

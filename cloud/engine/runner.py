@@ -10,12 +10,14 @@ from cloud.model.llama import LlamaModel
 
 from .attention import AttentionBackend, AttentionMetadata, PrefillSeq
 from .kv_cache import KVCache
-from .sampler import SampleResult, Sampler
+from .sampler import Sampler, SampleResult
 from .scheduler import ScheduledChunk, SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: KVCache, attention: AttentionBackend, sampler: Sampler) -> None:
+    def __init__(
+        self, model: LlamaModel, cache: KVCache, attention: AttentionBackend, sampler: Sampler
+    ) -> None:
         self.model = model
         self.cache = cache
         self.attention = attention
@@ -52,7 +54,9 @@ class ModelRunner:
         row = len(decode)
         for c, s in zip(prefill, slot_parts[len(decode) :], strict=True):
             n = len(c.token_ids)
-            ctx_slots = torch.cat([self._slots(c.block_ids, torch.arange(c.start_pos)), s]) if c.start_pos else s
+            ctx_slots = (
+                torch.cat([self._slots(c.block_ids, torch.arange(c.start_pos)), s]) if c.start_pos else s
+            )
             mask = None
             if c.start_pos:
                 # query i (position start+i) sees keys 0..start+i
@@ -67,7 +71,9 @@ class ModelRunner:
         if not out.chunks:
             return {}
         input_ids, positions, meta = self.prepare(out.chunks)
-        ordered = [c for c in out.chunks if len(c.token_ids) == 1] + [c for c in out.chunks if len(c.token_ids) > 1]
+        ordered = [c for c in out.chunks if len(c.token_ids) == 1] + [
+            c for c in out.chunks if len(c.token_ids) > 1
+        ]
         rows, sampled = [], []
         row = 0
         for c in ordered:
@@ -76,7 +82,9 @@ class ModelRunner:
                 rows.append(row - 1)
                 sampled.append(c.request)
         if not sampled:
-            self.model.forward(input_ids, positions, self.cache, self.attention, meta, torch.empty(0, dtype=torch.long))
+            self.model.forward(
+                input_ids, positions, self.cache, self.attention, meta, torch.empty(0, dtype=torch.long)
+            )
             return {}
         logits = self.model.forward(
             input_ids, positions, self.cache, self.attention, meta, torch.tensor(rows, dtype=torch.long)

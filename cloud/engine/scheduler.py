@@ -110,7 +110,9 @@ class Scheduler:
     def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
         start = req.num_computed_tokens
         end = start + num_new
-        return ScheduledChunk(req, req.token_ids[start:end], start, list(req.block_ids), end == req.num_tokens)
+        return ScheduledChunk(
+            req, req.token_ids[start:end], start, list(req.block_ids), end == req.num_tokens
+        )
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -57,7 +57,9 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 def read_config(reader: Any) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        raise ModelLoadError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
 
     def need(key: str) -> Any:
         value = _field(reader, f"{arch}.{key}")
@@ -103,7 +105,9 @@ def read_config(reader: Any) -> ModelConfig:
 def read_tokenizer_data(reader: Any) -> GGUFTokenizerData:
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
-        raise ModelLoadError(f"unsupported GGUF tokenizer model {model!r}; only byte-level BPE ('gpt2') is supported")
+        raise ModelLoadError(
+            f"unsupported GGUF tokenizer model {model!r}; only byte-level BPE ('gpt2') is supported"
+        )
     return GGUFTokenizerData(
         model=model,
         pre=str(_field(reader, "tokenizer.ggml.pre", "default")),

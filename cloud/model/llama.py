@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from cloud.engine.attention import AttentionBackend, AttentionMetadata
 from cloud.engine.kv_cache import KVCache
 
-from .config import ModelConfig
-from .linear import Linear, WeightQuant
+from .linear import Linear, WeightPlan
 from .rope import RotaryEmbedding
 from .weights import ModelWeights
 
@@ -37,13 +36,14 @@ class LlamaModel:
         weights: ModelWeights,
         *,
         dtype: torch.dtype = torch.float32,
-        weight_quant: WeightQuant = "none",
+        plan: WeightPlan | None = None,
         max_positions: int | None = None,
     ) -> None:
         c = weights.config
         self.config = c
         self.dtype = dtype
-        self.weight_quant = weight_quant
+        plan = plan or WeightPlan.single("float32")
+        self.plan = plan
         self.layers: list[_Layer] = []
         for lw in weights.layers:
             bias = None
@@ -52,22 +52,24 @@ class LlamaModel:
             self.layers.append(
                 _Layer(
                     attn_norm=lw.attn_norm.float(),
-                    qkv=Linear(torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, weight_quant),
-                    o=Linear(lw.wo, None, dtype, weight_quant),
+                    qkv=Linear(torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, plan),
+                    o=Linear(lw.wo, None, dtype, plan),
                     ffn_norm=lw.ffn_norm.float(),
-                    gate_up=Linear(torch.cat([lw.w_gate, lw.w_up]), None, dtype, weight_quant),
-                    down=Linear(lw.w_down, None, dtype, weight_quant),
+                    gate_up=Linear(torch.cat([lw.w_gate, lw.w_up]), None, dtype, plan),
+                    down=Linear(lw.w_down, None, dtype, plan),
                 )
             )
         self.embed = weights.embed.to(dtype)
         self.final_norm = weights.final_norm.float()
-        # The LM head runs once per sampled token, not per prompt token: keep it in the run dtype.
-        self.lm_head = Linear(weights.lm_head, None, dtype, "none")
+        self.lm_head = Linear(weights.lm_head, None, dtype, plan)
         self.rope = RotaryEmbedding(c, max_positions or c.max_position, dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # RMSNorm in fp32 whatever the run dtype, as the reference implementation does
-        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.config.rms_eps).to(self.dtype)
+        # RMSNorm in fp32 whatever the run dtype, as the reference implementation does; spelled out
+        # because F.rms_norm dispatches through several ops on CPU and costs more per call
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.config.rms_eps)
+        return (xf * weight).to(self.dtype)
 
     @torch.inference_mode()
     def forward(
@@ -83,13 +85,14 @@ class LlamaModel:
         c = self.config
         n = input_ids.shape[0]
         h = self.embed[input_ids]  # [tokens, hidden]
+        cos, sin = self.rope.tables(positions)
+        heads_qk = c.num_heads + c.num_kv_heads
         for i, layer in enumerate(self.layers):
             x = self._norm(h, layer.attn_norm)
             qkv = layer.qkv(x)
-            q = qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim)
-            k = qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim)
+            qk = self.rope.apply(qkv[:, : c.q_size + c.kv_size].view(n, heads_qk, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
-            q, k = self.rope(q, k, positions)
             cache.write(i, k, v, meta.slot_mapping)
             o = attention(i, q, cache, meta)  # [tokens, heads, head_dim]
             h = h + layer.o(o.reshape(n, c.q_size))

@@ -71,4 +71,6 @@ def _load_hf_dir(d: Path, name: str) -> LoadedModel:
         add_bos=bool(cfg.get("add_bos_token", False)),
         chat_template=cfg.get("chat_template"),
     )
-    return LoadedModel(name, d, weights, tokenizer, ChatTemplate(cfg.get("chat_template"), bos or "", eos or ""))
+    return LoadedModel(
+        name, d, weights, tokenizer, ChatTemplate(cfg.get("chat_template"), bos or "", eos or "")
+    )

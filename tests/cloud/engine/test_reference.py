@@ -13,7 +13,7 @@ from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.kv_cache import KVCache
 from cloud.engine.request import SamplingParams
-from cloud.engine.sampler import SampleResult, Sampler
+from cloud.engine.sampler import Sampler, SampleResult
 
 TOL = 1e-3
 CHATS = [
@@ -50,7 +50,12 @@ def make_core(loaded_model, **overrides) -> tuple[EngineCore, RecordingSampler]:
 
 def kv_gib_for_blocks(loaded_model, blocks: int, block_size: int = 16) -> float:  # type: ignore[no-untyped-def]
     c = loaded_model.weights.config
-    return blocks * block_size * KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32) / 2**30
+    return (
+        blocks
+        * block_size
+        * KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, torch.float32)
+        / 2**30
+    )
 
 
 def run_all(core: EngineCore) -> dict[str, list[int]]:
@@ -66,7 +71,9 @@ def reference_logits(hf_model, ids: list[int]) -> torch.Tensor:  # type: ignore[
         return hf_model(torch.tensor([ids])).logits[0].float()
 
 
-def check_against_reference(hf_model, rec: RecordingSampler, rid: str, prompt: list[int], generated: list[int]) -> None:  # type: ignore[no-untyped-def]
+def check_against_reference(
+    hf_model, rec: RecordingSampler, rid: str, prompt: list[int], generated: list[int]
+) -> None:  # type: ignore[no-untyped-def]
     """Every recorded step's logits equal transformers' logits at that position of the full sequence."""
     ref = reference_logits(hf_model, prompt + generated)
     steps = rec.logits[rid]
@@ -116,8 +123,18 @@ def test_logits_match_when_prompt_comes_partly_from_prefix_cache(loaded_model, h
 def test_logits_match_after_preemption(loaded_model, hf_model) -> None:  # type: ignore[no-untyped-def]
     probe, _ = make_core(loaded_model)
     prompts = {
-        "a": probe.encode_chat([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me about the moon."}]),
-        "b": probe.encode_chat([{"role": "system", "content": "You are verbose."}, {"role": "user", "content": "Tell me about the sun."}]),
+        "a": probe.encode_chat(
+            [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Tell me about the moon."},
+            ]
+        ),
+        "b": probe.encode_chat(
+            [
+                {"role": "system", "content": "You are verbose."},
+                {"role": "user", "content": "Tell me about the sun."},
+            ]
+        ),
     }
     # Room for both prompts plus one block: each fits alone, but not both once they grow.
     blocks = sum(-(-len(ids) // 16) for ids in prompts.values()) + 1
@@ -138,7 +155,9 @@ def test_greedy_64_tokens_identical_to_transformers_generate(loaded_model, hf_mo
     core.add_request("g", ids, SamplingParams(max_tokens=64, temperature=0.0))
     ours = run_all(core)["g#0"]
     with torch.no_grad():
-        ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False)[0, len(ids) :].tolist()
+        ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False)[
+            0, len(ids) :
+        ].tolist()
     eos = core.tokenizer.eos_ids
     cut = next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))
     assert ours == ref[:cut]
