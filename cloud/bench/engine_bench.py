@@ -238,6 +238,7 @@ def run(config: EngineConfig, opts: BenchOptions) -> dict[str, object]:
             "model": core.model_name,
             "dtype": config.dtype,
             "weight_quant": config.weight_quant,
+            "weights": core.weight_plan.describe(),
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "kv_cache_memory_gib": config.kv_cache_memory_gib,  # preallocated: part of our RSS
             "max_model_len": core.max_model_len,

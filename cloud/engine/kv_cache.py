@@ -1,7 +1,8 @@
 """The paged KV cache tensors: per layer, keys and values for every slot of every block.
 
-Layout [kv_heads, num_blocks * block_size, head_dim] so one request's context gathers into a
-contiguous [kv_heads, ctx, head_dim] with a single index_select, the shape attention wants.
+Layout [kv_heads, num_blocks * block_size, head_dim]: viewed as [kv_heads, num_blocks, block_size,
+head_dim], one request's blocks gather into a contiguous [kv_heads, ctx, head_dim] with a single
+index_select, the shape attention wants.
 Slot s lives in block s // block_size at offset s % block_size. Only the model runner writes here;
 the block pool decides which slots belong to whom.
 """
@@ -36,11 +37,19 @@ class KVCache:
         self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
 
-    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """slots: [ctx] or [batch, ctx] -> k, v of [kv_heads, ctx, dim] or [batch, kv_heads, ctx, dim]."""
-        if slots.dim() == 1:
-            return self.k[layer].index_select(1, slots), self.v[layer].index_select(1, slots)
-        b, n = slots.shape
-        k = self.k[layer].index_select(1, slots.reshape(-1)).view(-1, b, n, self.k[layer].shape[-1])
-        v = self.v[layer].index_select(1, slots.reshape(-1)).view(-1, b, n, self.v[layer].shape[-1])
-        return k.transpose(0, 1), v.transpose(0, 1)
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole blocks, in table order. blocks: [nb] -> k, v of [kv_heads, nb * block_size, dim];
+        [batch, nb] -> [batch, kv_heads, nb * block_size, dim]. Gathering blocks rather than slots
+        moves contiguous runs of block_size rows per index."""
+        k_all, v_all = self.k[layer], self.v[layer]
+        h, _, d = k_all.shape
+        bs = self.block_size
+        flat = blocks.reshape(-1)
+        k = k_all.view(h, self.num_blocks, bs, d).index_select(1, flat)  # [h, nb_total, bs, d]
+        v = v_all.view(h, self.num_blocks, bs, d).index_select(1, flat)
+        if blocks.dim() == 1:
+            return k.view(h, -1, d), v.view(h, -1, d)
+        b, nb = blocks.shape
+        k = k.view(h, b, nb * bs, d).transpose(0, 1)
+        v = v.view(h, b, nb * bs, d).transpose(0, 1)
+        return k, v

@@ -41,29 +41,25 @@ class ModelRunner:
             pos.append(p)
             slot_parts.append(self._slots(c.block_ids, p))
         positions = torch.cat(pos)
-        decode_slots = decode_mask = None
+        decode_blocks = decode_mask = None
         if decode:
             ctx = [c.start_pos + 1 for c in decode]
-            width = max(ctx)
-            rows = [self._slots(c.block_ids, torch.arange(n)) for c, n in zip(decode, ctx, strict=True)]
-            decode_slots = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # pads with slot 0
-            if min(ctx) < width:
+            nblocks = [-(-n // self.block_size) for n in ctx]
+            tables = [torch.tensor(c.block_ids[:nb]) for c, nb in zip(decode, nblocks, strict=True)]
+            decode_blocks = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)  # pads with block 0
+            width = decode_blocks.shape[1] * self.block_size
+            if any(n < width for n in ctx):
                 valid = torch.arange(width)[None, :] < torch.tensor(ctx)[:, None]
                 decode_mask = valid[:, None, None, :]  # [b, 1, 1, width]
         seqs = []
         row = len(decode)
-        for c, s in zip(prefill, slot_parts[len(decode) :], strict=True):
+        for c in prefill:
             n = len(c.token_ids)
-            ctx_slots = (
-                torch.cat([self._slots(c.block_ids, torch.arange(c.start_pos)), s]) if c.start_pos else s
-            )
-            mask = None
-            if c.start_pos:
-                # query i (position start+i) sees keys 0..start+i
-                mask = torch.arange(c.start_pos + n)[None, :] <= (torch.arange(n)[:, None] + c.start_pos)
-            seqs.append(PrefillSeq(row, n, c.start_pos, ctx_slots, mask))
+            ctx_len = c.start_pos + n
+            table = torch.tensor(c.block_ids[: -(-ctx_len // self.block_size)])
+            seqs.append(PrefillSeq(row, n, c.start_pos, table))
             row += n
-        meta = AttentionMetadata(torch.cat(slot_parts), len(decode), decode_slots, decode_mask, seqs)
+        meta = AttentionMetadata(torch.cat(slot_parts), len(decode), decode_blocks, decode_mask, seqs)
         return torch.tensor(ids, dtype=torch.long), positions, meta
 
     def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:

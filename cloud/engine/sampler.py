@@ -44,10 +44,14 @@ class Sampler:
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        # plain greedy rows (the common case in batches) take one batched argmax
+        plain = [i for i, r in enumerate(requests) if r.params.greedy and not _needs_penalties(r.params)]
+        fast = dict(zip(plain, logits[plain].argmax(dim=-1).tolist(), strict=True)) if plain else {}
         results = []
         for row, req in enumerate(requests):
-            x = _apply_penalties(logits[row], req)
-            token = _choose(x, req.params, self._generator(req))
+            token = fast.get(row)
+            if token is None:
+                token = _choose(_apply_penalties(logits[row], req), req.params, self._generator(req))
             res = SampleResult(token)
             if raw_logprobs is not None and req.params.logprobs is not None:
                 lp = raw_logprobs[row]
@@ -59,10 +63,13 @@ class Sampler:
         return results
 
 
+def _needs_penalties(p: SamplingParams) -> bool:
+    return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty)
+
+
 def _apply_penalties(x: torch.Tensor, req: Request) -> torch.Tensor:
     p = req.params
-    needs = p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-    if not needs:
+    if not _needs_penalties(p):
         return x
     x = x.clone()
     if p.logit_bias:
