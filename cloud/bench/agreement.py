@@ -37,6 +37,21 @@ PROMPTS = (
 )
 
 
+# Long prompts, so that prefill-sized steps (where kernels for many tokens run) shape the answer too.
+DOC_QUESTIONS = (
+    "Who is on the throne of England?",
+    "What season is named in the text?",
+    "Summarise the passage in one sentence.",
+    "What contrasts does the author draw?",
+    "Which countries are mentioned?",
+    "What is the mood of this passage?",
+    "Rewrite the first sentence in modern English.",
+    "How many times does the word 'age' appear?",
+    "What might happen next in the story?",
+    "Give the passage a title.",
+)
+
+
 def _greedy(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     for i, ids in enumerate(prompts):
         core.add_request(
@@ -52,7 +67,11 @@ def _greedy(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> list
 def run(config: EngineConfig, max_tokens: int = 64) -> dict[str, object]:
     loaded = load_model(config.model)
     reference = EngineCore(replace(config, dtype="float32", weight_quant="none"), loaded)
+    from cloud.bench.engine_bench import TEXT
+
+    doc = TEXT * 3
     prompts = [reference.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    prompts += [reference.encode_chat([{"role": "user", "content": f"{doc}\n{q}"}]) for q in DOC_QUESTIONS]
     print(f"[agreement] reference path on {len(prompts)} prompts x {max_tokens} tokens", file=sys.stderr)
     want = _greedy(reference, prompts, max_tokens)
     del reference

@@ -20,11 +20,16 @@ WeightQuant = Literal["auto", "none", "int8", "int4"]
 WEIGHT_QUANTS: tuple[WeightQuant, ...] = ("auto", "none", "int8", "int4")
 KernelKind = Literal["float32", "bfloat16", "float16", "int8", "int4"]
 INT4_GROUP = 32  # the GGUF Q4 block size, so Q4_0 / Q4_1 weights keep their own grouping
-# `auto` chooses only among kernels whose greedy output agrees with the float32 reference: with
-# SmolLM2-135M over 20 chat prompts x 64 tokens (`ctxfuse bench agreement`), float16 weights kept
-# 18/20 continuations identical, while every kernel that rounds activations to bfloat16 (bfloat16,
-# int8 and int4 here) kept at most 4/20. Those stay available as explicit choices.
-AUTO_KERNELS: tuple[KernelKind, ...] = ("float32", "float16")
+# `auto` chooses only among kernels whose greedy output agrees with the float32 reference as well
+# as float16 weights do (the precision serving stacks treat as lossless). Measured with SmolLM2-135M,
+# 30 chat prompts (10 with a 500-token document) x 64 greedy tokens (`ctxfuse bench agreement`):
+# float16 weights kept 27/30 continuations identical; bfloat16 used only for steps of more than 32
+# tokens (prefill) and float32 below also kept 27/30; bfloat16 everywhere, int8 and int4 (whose CPU
+# kernels round activations and outputs to bfloat16) kept 1-4 of 20 short prompts. So bfloat16 may
+# serve prefill-sized steps, never decode-sized ones; int8 and int4 stay explicit choices.
+AUTO_SMALL_KERNELS: tuple[KernelKind, ...] = ("float32", "float16")
+AUTO_LARGE_KERNELS: tuple[KernelKind, ...] = ("float32", "float16", "bfloat16")
+AUTO_SMALL_MAX_TOKENS = 32
 AUTO_MARGIN = 0.15
 _DENSE: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -109,40 +114,28 @@ class Linear:
         return self.large.nbytes + (self.small.nbytes if self.small is not self.large else 0)
 
 
-def plan_weights(
-    dtype_name: str, weight_quant: WeightQuant, shape: tuple[int, int], num_layers: int
-) -> WeightPlan:
-    """The weight plan for an engine's options. `auto` times the candidate kernels and keeps the
-    fastest for few and for many tokens. The timing runs over `num_layers` distinct weights of
-    `shape` (the model's largest projection) so that, as in a real step, weights stream from memory
-    rather than sit in cache: decode speed is set by memory bandwidth, not by arithmetic."""
+def plan_weights(dtype_name: str, weight_quant: WeightQuant, shape: tuple[int, int], num_layers: int) -> WeightPlan:
+    """The weight plan for an engine's options. `auto` times the candidate kernels on this machine
+    and keeps the fastest for decode-sized steps (timed over `num_layers` distinct weights of
+    `shape`, so that, as in a real step, weights stream from memory: decode is bandwidth-bound) and
+    the fastest for prefill-sized steps (compute-bound: a few weights suffice)."""
     if weight_quant == "none":
         return WeightPlan.single(dtype_name)  # type: ignore[arg-type]
     if weight_quant != "auto":
         return WeightPlan.single(weight_quant)
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=gen) * 0.02 for _ in range(num_layers)]
-    kernels = {k: [Kernel(w, k, torch.float32) for w in weights] for k in AUTO_KERNELS}
-    del weights
 
-    def cost(kind: KernelKind, m: int) -> float:
-        return _time(kernels[kind], m, shape[1])
-
-    def fastest(m: int) -> KernelKind:
+    def fastest(kinds: tuple[KernelKind, ...], m: int, ws: list[torch.Tensor]) -> KernelKind:
+        cost = {k: _time([Kernel(w, k, torch.float32) for w in ws], m, shape[1]) for k in kinds}
+        best = min(kinds, key=cost.__getitem__)
         # float32 is the reference: another kernel replaces it only when clearly faster, so the
         # choice does not flip between runs on timing noise
-        best = min(AUTO_KERNELS, key=lambda k: cost(k, m))
-        return best if cost(best, m) < (1 - AUTO_MARGIN) * cost("float32", m) else "float32"
+        return best if cost[best] < (1 - AUTO_MARGIN) * cost["float32"] else "float32"
 
-    small, large = fastest(1), fastest(64)
-    if small == large:
-        return WeightPlan.single(large)
-    limit = 1
-    for m in (2, 4, 8, 16, 32):
-        if cost(small, m) >= cost(large, m):
-            break
-        limit = m
-    return WeightPlan(small, large, limit)
+    small = fastest(AUTO_SMALL_KERNELS, 1, weights)
+    large = fastest(AUTO_LARGE_KERNELS, 256, weights[:4])
+    return WeightPlan.single(small) if small == large else WeightPlan(small, large, AUTO_SMALL_MAX_TOKENS)
 
 
 def _time(kernels: list[Kernel], m: int, k: int, reps: int = 3) -> float:
