@@ -14,6 +14,7 @@ from .config import ModelConfig
 from .weights import LayerWeights, ModelWeights
 
 _ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "llama"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 
 
 def read_hf_config(directory: Path) -> ModelConfig:
@@ -23,12 +24,22 @@ def read_hf_config(directory: Path) -> ModelConfig:
         raise ModelLoadError(f"{directory} has no readable config.json: {exc}") from exc
     archs = raw.get("architectures") or []
     arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
+    if arch is None and not archs:  # some writers leave architectures out; model_type still tells
+        arch = _MODEL_TYPES.get(raw.get("model_type", ""))
     if arch is None:
-        raise ModelLoadError(f"unsupported architectures {archs}; supported: {sorted(_ARCHS)}")
+        raise ModelLoadError(
+            f"unsupported architectures {archs} (model_type {raw.get('model_type')!r}); "
+            f"supported: {sorted(_ARCHS)}"
+        )
     heads = int(raw["num_attention_heads"])
-    scaling = raw.get("rope_scaling") or {}
-    if scaling and "type" not in scaling and "rope_type" in scaling:
-        scaling = {**scaling, "type": scaling["rope_type"]}
+    # transformers >= 5 writes RoPE settings as `rope_parameters` (theta and scaling together)
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if "type" not in scaling and "rope_type" in scaling:
+        scaling["type"] = scaling["rope_type"]
+    if scaling.get("type") in (None, "default"):
+        scaling = {}
     try:
         return ModelConfig(
             arch=arch,
@@ -40,7 +51,7 @@ def read_hf_config(directory: Path) -> ModelConfig:
             head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
             vocab_size=int(raw["vocab_size"]),
             max_position=int(raw.get("max_position_embeddings", 4096)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=float(theta),
             rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attn_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
@@ -93,7 +104,11 @@ def load_hf_dir(directory: str | Path) -> ModelWeights:
                 bv=opt(p + "self_attn.v_proj.bias"),
             )
         )
-    embed = get("model.embed_tokens.weight")
+    # tied checkpoints store the shared matrix under either name (safetensors drops the alias)
+    if "model.embed_tokens.weight" not in tensors and config.tie_embeddings:
+        embed = get("lm_head.weight")
+    else:
+        embed = get("model.embed_tokens.weight")
     lm_head = embed if config.tie_embeddings or "lm_head.weight" not in tensors else get("lm_head.weight")
     weights = ModelWeights(config, embed, layers, get("model.norm.weight"), lm_head)
     weights.check_shapes()

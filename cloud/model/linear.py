@@ -114,7 +114,9 @@ class Linear:
         return self.large.nbytes + (self.small.nbytes if self.small is not self.large else 0)
 
 
-def plan_weights(dtype_name: str, weight_quant: WeightQuant, shape: tuple[int, int], num_layers: int) -> WeightPlan:
+def plan_weights(
+    dtype_name: str, weight_quant: WeightQuant, shape: tuple[int, int], num_layers: int
+) -> WeightPlan:
     """The weight plan for an engine's options. `auto` times the candidate kernels on this machine
     and keeps the fastest for decode-sized steps (timed over `num_layers` distinct weights of
     `shape`, so that, as in a real step, weights stream from memory: decode is bandwidth-bound) and

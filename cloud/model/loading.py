@@ -62,6 +62,9 @@ def _load_hf_dir(d: Path, name: str) -> LoadedModel:
         v = cfg.get(key)
         return v.get("content") if isinstance(v, dict) else v
 
+    # transformers >= 4.47 writes the template to its own file; older versions into the config
+    template_file = d / "chat_template.jinja"
+    chat_template = template_file.read_text() if template_file.is_file() else cfg.get("chat_template")
     probe = Tokenizer.from_hf_file(d / "tokenizer.json")
     bos, eos = token_text("bos_token"), token_text("eos_token")
     tokenizer = Tokenizer.from_hf_file(
@@ -69,8 +72,6 @@ def _load_hf_dir(d: Path, name: str) -> LoadedModel:
         bos_id=probe.token_to_id(bos) if bos else None,
         eos_id=probe.token_to_id(eos) if eos else None,
         add_bos=bool(cfg.get("add_bos_token", False)),
-        chat_template=cfg.get("chat_template"),
+        chat_template=chat_template,
     )
-    return LoadedModel(
-        name, d, weights, tokenizer, ChatTemplate(cfg.get("chat_template"), bos or "", eos or "")
-    )
+    return LoadedModel(name, d, weights, tokenizer, ChatTemplate(chat_template, bos or "", eos or ""))

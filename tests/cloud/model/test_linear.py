@@ -28,7 +28,10 @@ def q4_1_like(out: int, inp: int, seed: int = 0) -> torch.Tensor:
     return (q * d + m).reshape(out, inp)
 
 
-@pytest.mark.parametrize(("kind", "tol"), [("float32", 1e-6), ("float16", 3e-3), ("bfloat16", 2e-2), ("int8", 5e-2), ("int4", 2e-2)])
+@pytest.mark.parametrize(
+    ("kind", "tol"),
+    [("float32", 1e-6), ("float16", 3e-3), ("bfloat16", 2e-2), ("int8", 5e-2), ("int4", 2e-2)],
+)
 def test_kernel_multiplies_by_its_weight(kind: str, tol: float) -> None:
     w = q4_1_like(96, 128)
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(1))
