@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -131,6 +132,59 @@ def _cmd_bench_agreement(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.config import GatewayConfig
+    from gateway.server import serve
+
+    gateway = GatewayConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        log_content=args.log_content,
+        max_body_bytes=int(args.max_body_mib * 2**20),
+        shutdown_timeout_s=args.shutdown_timeout,
+        log_level=args.log_level,
+    )
+    return serve(engine_config(args), gateway)
+
+
+def add_gateway_options(p: argparse.ArgumentParser) -> None:
+    from gateway.config import GatewayConfig
+
+    d = GatewayConfig()
+    g = p.add_argument_group("gateway")
+    g.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
+    g.add_argument(
+        "--port", type=int, default=d.port, help=f"port to listen on; 0 picks a free one (default {d.port})"
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("CTXFUSE_API_KEY"),
+        help="require `Authorization: Bearer KEY` on API routes (default: $CTXFUSE_API_KEY, else none)",
+    )
+    g.add_argument(
+        "--log-content", action="store_true", help="write prompts and completions into the request log"
+    )
+    g.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=d.max_body_bytes / 2**20,
+        help=f"largest request body in MiB; larger gets a 413 (default {d.max_body_bytes / 2**20:g})",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout_s,
+        help=f"on SIGTERM, seconds running requests get to finish (default {d.shutdown_timeout_s:g})",
+    )
+    g.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=d.log_level,
+        help=f"log level (default {d.log_level})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split."
@@ -152,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     add_engine_options(g)
     g.set_defaults(func=_cmd_generate)
+
+    sv = sub.add_parser(
+        "serve",
+        help="the OpenAI-compatible gateway with an in-process engine (default model on 127.0.0.1:8000)",
+    )
+    add_gateway_options(sv)
+    add_engine_options(sv)
+    sv.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     be = bench.add_parser(

@@ -42,6 +42,37 @@ class _Abort:
     request_id: str
 
 
+class RequestStream:
+    """The outputs of one accepted request, carried from the engine thread into the caller's event
+    loop. Closing it before every choice has finished aborts the request (freeing its blocks)."""
+
+    def __init__(self, engine: AsyncEngine, n: int) -> None:
+        self.request_id = ""
+        self._engine = engine
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._remaining = n
+
+    def sink(self, out: RequestOutput) -> None:  # called on the engine thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        while self._remaining:
+            out = await self._queue.get()
+            if out.finished:
+                self._remaining -= 1
+            yield out
+
+    def close(self) -> None:
+        """Abort the request if any choice is unfinished; safe to call more than once."""
+        if self._remaining and self.request_id:
+            self._remaining = 0
+            self._engine.abort(self.request_id)
+
+
 class AsyncEngine:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -80,6 +111,35 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    async def open(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> RequestStream:
+        """Submit a request and return its output stream once the engine has accepted it. Refusals
+        (the client's mistake, QueueFullError) raise here, before any output exists."""
+        stream = RequestStream(self, params.n)
+        # submit waits for the engine thread to take the command (at most one step): run it off the loop
+        accepted = asyncio.ensure_future(
+            asyncio.to_thread(
+                self.submit, prompt_token_ids, params, stream.sink, request_id=request_id, priority=priority
+            )
+        )
+        try:
+            stream.request_id = await asyncio.shield(accepted)
+        except asyncio.CancelledError:
+            # the caller left while the thread was still submitting: abort once the engine has it
+            accepted.add_done_callback(self._abort_accepted)
+            raise
+        return stream
+
+    def _abort_accepted(self, accepted: asyncio.Future[str]) -> None:
+        if not accepted.cancelled() and accepted.exception() is None:
+            self.abort(accepted.result())
+
     async def generate(
         self,
         prompt_token_ids: list[int],
@@ -89,25 +149,15 @@ class AsyncEngine:
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as they come; leaving the loop early aborts the request."""
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def sink(o: RequestOutput) -> None:
-            loop.call_soon_threadsafe(outputs.put_nowait, o)
-
-        rid = await asyncio.to_thread(
-            self.submit, prompt_token_ids, params, sink, request_id=request_id, priority=priority
-        )
-        remaining = params.n
+        stream = await self.open(prompt_token_ids, params, request_id=request_id, priority=priority)
         try:
-            while remaining:
-                o = await outputs.get()
-                if o.finished:
-                    remaining -= 1
+            async for o in stream:
                 yield o
         finally:
-            if remaining:
-                self.abort(rid)
+            stream.close()
+
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
 
     def stats(self) -> EngineStats:
         return self.core.stats()
@@ -141,8 +191,10 @@ class AsyncEngine:
             except Exception:  # a broken consumer (closed event loop) must not stop the engine
                 log.warning("output_sink_failed", request_id=o.request_id)
                 self._commands.put(_Abort(o.request_id))
-            if o.finished and not self.core.is_live(o.request_id):
-                self._sinks.pop(o.request_id, None)
+        # only after every output of the step is out: several choices of one request may finish together
+        for rid in {o.request_id for o in outputs if o.finished}:
+            if not self.core.is_live(rid):
+                self._sinks.pop(rid, None)
 
     def _drain(self, block: bool) -> list[_Add | _Abort | None]:
         cmds = [self._commands.get()] if block else []

@@ -50,9 +50,9 @@ class SamplingParams:
         for ok, param, why in checks:
             if not ok:
                 raise InvalidRequestError(f"{param} {why}", param=param)
-        for tid in [*self.logit_bias, *self.stop_token_ids]:
-            if not 0 <= tid < vocab_size:
-                raise InvalidRequestError(f"token id {tid} is outside the vocabulary", param="logit_bias")
+        for param, ids in (("logit_bias", list(self.logit_bias)), ("stop_token_ids", self.stop_token_ids)):
+            if any(not 0 <= tid < vocab_size for tid in ids):
+                raise InvalidRequestError(f"{param} names a token id outside the vocabulary", param=param)
         if any(not -100 <= b <= 100 for b in self.logit_bias.values()):
             raise InvalidRequestError("logit_bias values must be in [-100, 100]", param="logit_bias")
 

@@ -1,0 +1,41 @@
+"""The gateway as an ASGI app: Litestar routes inside the API-key check, inside request observation.
+
+Observe (request id, log line, http metrics) -> RequireApiKey (when a key is set) -> Litestar
+
+The app does not own the backend: whoever made it stops it (server.serve), so several apps (tests)
+can share one engine.
+"""
+
+from __future__ import annotations
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp
+
+from . import openai_routes, ops_routes
+from .backend import Backend
+from .config import GatewayConfig
+from .errors import EXCEPTION_HANDLERS
+from .observe import Observe
+from .openapi import document_bodies
+from .state import Gateway
+
+
+def create_app(backend: Backend, config: GatewayConfig) -> tuple[ASGIApp, Gateway]:
+    gateway = Gateway(backend, config)
+    app = Litestar(
+        route_handlers=[*openai_routes.ROUTES, *ops_routes.ROUTES],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=config.max_body_bytes,
+        state=State({"gateway": gateway}),
+        openapi_config=OpenAPIConfig(title="ctxfuse", version="0.1.0", path="/schema"),
+        logging_config=None,
+    )
+    document_bodies(app)
+    asgi: ASGIApp = app
+    if config.api_key:
+        from .auth import RequireApiKey
+
+        asgi = RequireApiKey(asgi, config.api_key)
+    return Observe(asgi, gateway.metrics), gateway

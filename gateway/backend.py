@@ -1,0 +1,84 @@
+"""What the gateway needs from an engine, behind one small interface, and the in-process engine behind it.
+
+Submission is separate from iteration: `submit` returns only once the engine has accepted the request
+(or raised the client's mistake, or QueueFullError), so a refusal is an HTTP status and a stream can
+start the moment the request is queued. Closing a `Generation` before it finishes aborts it in the
+engine, which frees its KV blocks; every route closes its generation in a `finally`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from cloud.engine.async_engine import AsyncEngine
+from cloud.engine.config import EngineConfig
+from cloud.engine.core import EngineCore, EngineStats
+from cloud.engine.output import RequestOutput
+from cloud.engine.request import SamplingParams
+from cloud.model.tokenizer import Tokenizer
+
+
+class Generation(Protocol):
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+    def close(self) -> None:
+        """Abort the request if any choice is unfinished; safe to call more than once."""
+
+
+class Backend(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: Tokenizer
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise the client's mistake (shared.errors) without queueing anything."""
+
+    async def submit(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> Generation: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def is_alive(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+class InProcessBackend:
+    """The engine in this process: its core steps on its own thread (AsyncEngine)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        core = engine.core
+        self.model_name = core.model_name
+        self.max_model_len = core.max_model_len
+        self.tokenizer = core.tokenizer
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> InProcessBackend:
+        return cls(AsyncEngine(EngineCore(config)))
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.engine.core.encode_chat(messages)
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.engine.core.check(prompt_token_ids, params)
+
+    async def submit(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> Generation:
+        return await self.engine.open(prompt_token_ids, params, request_id=request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def is_alive(self) -> bool:
+        return self.engine.is_running()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,184 @@
+"""POST /v1/completions: one or more prompts (text or token ids) -> engine -> a whole response or SSE.
+
+Choice `p * n + i` is choice i of prompt p, as OpenAI numbers them. The engine computes no logprobs
+for prompt tokens, so `echo` with `logprobs` is refused rather than answered with made-up numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from cloud.engine.request import SamplingParams
+from shared.errors import InvalidRequestError
+from shared.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+
+from .backend import Backend, Generation
+from .encoding import SSE_DONE, sse_event
+from .logprobs import TokenTexts, append_completion_logprobs
+from .merge import merge
+from .metrics import RequestMeter
+from .observe import annotate
+from .results import ChoiceResult, UsageTally, annotate_usage, collect, metered, visible_samples
+from .sampling import sampling_params
+
+
+def _prompt_ids(req: CompletionRequest, backend: Backend) -> list[list[int]]:
+    p = req.prompt
+    if isinstance(p, str):
+        return [backend.tokenizer.encode(p, add_special=True)]
+    if not p:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    texts = [x for x in p if isinstance(x, str)]
+    ids = [x for x in p if isinstance(x, int)]
+    lists = [x for x in p if isinstance(x, list)]
+    if len(texts) == len(p):
+        return [backend.tokenizer.encode(x, add_special=True) for x in texts]
+    if len(ids) == len(p):
+        return [ids]
+    if len(lists) == len(p):
+        return lists
+    raise InvalidRequestError(
+        "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+        param="prompt",
+    )
+
+
+@dataclass(slots=True)
+class CompletionPlan:
+    prompts: list[list[int]]
+    params: SamplingParams
+    echo: bool
+    logprobs: bool
+    echo_texts: list[str] = field(default_factory=list)
+
+
+def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+    if req.echo and req.logprobs is not None:
+        raise InvalidRequestError(
+            "echo with logprobs would need prompt-token logprobs, which this server does not compute",
+            param="logprobs",
+        )
+    prompts = _prompt_ids(req, backend)
+    max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = max(1, backend.max_model_len - max(len(p) for p in prompts))
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
+    for ids in prompts:  # every prompt is checked before any is queued
+        backend.check(ids, params)
+    echo_texts = [backend.tokenizer.decode(ids) for ids in prompts] if req.echo else []
+    return CompletionPlan(prompts, params, req.echo, req.logprobs is not None, echo_texts)
+
+
+async def submit_all(backend: Backend, plan: CompletionPlan, request_id: str) -> list[Generation]:
+    gens: list[Generation] = []
+    try:
+        for p, ids in enumerate(plan.prompts):
+            gens.append(await backend.submit(ids, plan.params, f"{request_id}-{p}" if p else request_id))
+    except BaseException:
+        for g in gens:
+            g.close()
+        raise
+    return gens
+
+
+@dataclass(slots=True)
+class CompletionReply:
+    id: str
+    model: str
+    created: int
+    texts: TokenTexts
+    eos_ids: frozenset[int]
+    log_content: bool
+
+    @classmethod
+    def new(cls, request_id: str, backend: Backend, texts: TokenTexts, log_content: bool) -> CompletionReply:
+        eos = backend.tokenizer.eos_ids
+        return cls(f"cmpl-{request_id}", backend.model_name, int(time.time()), texts, eos, log_content)
+
+
+def _choice(plan: CompletionPlan, reply: CompletionReply, p: int, c: ChoiceResult) -> CompletionChoice:
+    prefix = plan.echo_texts[p] if plan.echo else ""
+    lp = None
+    if plan.logprobs:
+        lp = CompletionLogprobs()
+        append_completion_logprobs(reply.texts, c.samples, lp, 0)
+    return CompletionChoice(
+        index=p * plan.params.n + c.index, text=prefix + c.text, logprobs=lp, finish_reason=c.finish_reason
+    )
+
+
+async def whole_response(
+    gens: list[Generation], plan: CompletionPlan, reply: CompletionReply, meter: RequestMeter
+) -> Completion:
+    tally = UsageTally()
+    tasks = [asyncio.ensure_future(collect(g, meter, tally, reply.eos_ids, p)) for p, g in enumerate(gens)]
+    try:
+        results = await asyncio.gather(*tasks)  # the first failure is raised as itself
+    finally:
+        for t in tasks:
+            t.cancel()
+        for g in gens:
+            g.close()
+        annotate_usage(tally)
+    choices = [_choice(plan, reply, p, c) for p, r in enumerate(results) for c in r.values()]
+    choices.sort(key=lambda c: c.index)
+    if reply.log_content:
+        annotate(completion=[c.text for c in choices])
+    return Completion(
+        id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=tally.usage()
+    )
+
+
+async def stream_response(
+    gens: list[Generation],
+    plan: CompletionPlan,
+    reply: CompletionReply,
+    meter: RequestMeter,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """Completion chunks, then the usage chunk when asked, then [DONE]; an error event on failure."""
+    tally = UsageTally()
+    n = plan.params.n
+    offsets: dict[int, int] = {}  # per choice: text offset for logprobs
+    echoed: set[int] = set()
+
+    def chunk(choices: list[CompletionChoice]) -> Completion:
+        c = Completion(id=reply.id, created=reply.created, model=reply.model, choices=choices)
+        if include_usage:
+            c.usage = None
+        return c
+
+    try:
+        streams = [metered(g, meter, tally, p) for p, g in enumerate(gens)]
+        async for p, out in merge(streams):
+            index = p * n + out.index
+            text = out.text
+            if plan.echo and index not in echoed:
+                echoed.add(index)
+                text = plan.echo_texts[p] + text
+            samples = visible_samples(out, reply.eos_ids)
+            if not text and not samples and not out.finished:
+                continue
+            lp = None
+            if plan.logprobs:
+                lp = CompletionLogprobs()
+                offsets[index] = append_completion_logprobs(reply.texts, samples, lp, offsets.get(index, 0))
+            choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=out.finish_reason)
+            yield sse_event(chunk([choice]))
+        if include_usage:
+            final = Completion(
+                id=reply.id, created=reply.created, model=reply.model, choices=[], usage=tally.usage()
+            )
+            yield sse_event(final)
+        yield SSE_DONE
+    finally:
+        for g in gens:
+            g.close()
+        annotate_usage(tally)

@@ -1,0 +1,83 @@
+"""Every failure leaves the gateway in OpenAI's error shape, from the one hierarchy in shared.errors.
+
+Litestar's own exceptions (unknown route, wrong method, body over the limit) are mapped onto it too,
+so a client never sees two error formats. Anything unexpected is a 500 that hides the internals.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
+
+from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError, QueueFullError
+
+from .encoding import encode
+
+log = structlog.get_logger("ctxfuse.gateway")
+
+
+class ServiceUnavailableError(CtxfuseError):
+    """The gateway is starting or draining and takes no new work (503)."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="service_unavailable")
+
+
+class AuthenticationError(CtxfuseError):
+    status = 401
+    type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="invalid_api_key")
+
+
+class RequestTooLargeError(InvalidRequestError):
+    status = 413
+
+
+def error_response(exc: CtxfuseError) -> Response[bytes]:
+    headers: dict[str, str] = {}
+    if isinstance(exc, QueueFullError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return Response(
+        encode(exc.to_openai()), status_code=exc.status, media_type="application/json", headers=headers
+    )
+
+
+def _from_http(exc: HTTPException) -> CtxfuseError:
+    if exc.status_code == HTTP_413_REQUEST_ENTITY_TOO_LARGE:
+        return RequestTooLargeError("the request body is larger than this server accepts", code="too_large")
+    if exc.status_code == 404:
+        return NotFoundError("no such route; see /schema for the API", code="not_found")
+    err = CtxfuseError(str(exc.detail))
+    err.status = exc.status_code
+    err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return err
+
+
+def handle_ctxfuse_error(_: Request[Any, Any, Any], exc: CtxfuseError) -> Response[bytes]:
+    return error_response(exc)
+
+
+def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    return error_response(_from_http(exc))
+
+
+def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("unhandled_error", path=request.url.path)
+    return error_response(CtxfuseError("the server failed on this request; it has been logged"))
+
+
+EXCEPTION_HANDLERS = {
+    CtxfuseError: handle_ctxfuse_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_unexpected,
+}

@@ -1,0 +1,123 @@
+"""Prometheus metrics at /metrics. Engine state (running, waiting, KV usage, prefix-cache counters) is
+read from the backend at scrape time; latencies are measured here, from the output stream each request
+sees. One registry per app, so several apps (tests) can live in one process.
+
+`ctxfuse_request_queue_seconds` is measured from the engine's acceptance of the request to its first
+output, so it includes the prompt's prefill, not only the wait in the queue: the in-process engine
+does not report when a request was first scheduled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cloud.engine.core import EngineStats
+from cloud.engine.output import RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        if s is None:
+            return
+        yield GaugeMetricFamily("ctxfuse_requests_running", "Requests in the running batch", s.num_running)
+        yield GaugeMetricFamily("ctxfuse_requests_waiting", "Requests waiting to be scheduled", s.num_waiting)
+        yield GaugeMetricFamily(
+            "ctxfuse_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1)", s.kv_usage
+        )
+        yield GaugeMetricFamily(
+            "ctxfuse_kv_cache_free_blocks", "KV cache blocks free or evictable", s.num_free_blocks
+        )
+        yield GaugeMetricFamily(
+            "ctxfuse_kv_cache_bytes_per_token", "KV cache bytes one token takes", s.kv_bytes_per_token
+        )
+        yield CounterMetricFamily(
+            "ctxfuse_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            s.prefix_queried_tokens,
+        )
+        yield CounterMetricFamily(
+            "ctxfuse_prefix_cache_hits", "Prompt tokens served from the prefix cache", s.prefix_hit_tokens
+        )
+
+
+class Metrics:
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("ctxfuse_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("ctxfuse_generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram(
+            "ctxfuse_time_to_first_token_seconds",
+            "From the request's arrival at the gateway to its first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "ctxfuse_inter_token_latency_seconds",
+            "Between consecutive generated tokens of one choice",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "ctxfuse_request_queue_seconds",
+            "From the engine's acceptance of the request to its first output (queueing plus prefill)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "ctxfuse_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        r.register(_EngineCollector(stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def meter(self, arrival: float) -> RequestMeter:
+        return RequestMeter(self, arrival)
+
+
+class RequestMeter:
+    """Latency and token counts of one request, fed with each output as the route consumes it."""
+
+    def __init__(self, metrics: Metrics, arrival: float) -> None:
+        self._m = metrics
+        self.arrival = arrival
+        self.accepted = arrival
+        self.first_token: float | None = None
+        self._last: dict[int, float] = {}  # per choice: when its previous token came
+        self._prompted: set[int] = set()  # prompt indices whose prompt tokens are counted
+
+    def submitted(self) -> None:
+        self.accepted = time.monotonic()
+
+    def observe(self, out: RequestOutput, prompt_index: int = 0) -> None:
+        now = time.monotonic()
+        if not out.token_ids:
+            return
+        if self.first_token is None:
+            self.first_token = now
+            self._m.ttft.observe(now - self.arrival)
+            self._m.queue.observe(now - self.accepted)
+        if prompt_index not in self._prompted:
+            self._prompted.add(prompt_index)
+            self._m.prompt_tokens.inc(out.num_prompt_tokens)
+        key = prompt_index * 1024 + out.index
+        last = self._last.get(key)
+        if last is not None:
+            self._m.itl.observe((now - last) / len(out.token_ids))
+        self._last[key] = now
+        self._m.generation_tokens.inc(len(out.token_ids))

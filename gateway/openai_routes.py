@@ -1,0 +1,166 @@
+"""The OpenAI-compatible routes: thin handlers that decode, plan, submit and hand over to the chat and
+completions modules. Bodies are decoded here (strictly, see decode.py), not by Litestar."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
+from litestar.params import FromPath
+
+from shared.errors import InvalidRequestError
+from shared.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    Model,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+from . import chat, completions
+from .backend import Generation
+from .decode import decode_body
+from .disconnect import cancel_on_disconnect
+from .encoding import encode
+from .observe import annotate, request_id
+from .sse import sse_stream
+from .state import Gateway
+
+JSON = "application/json"
+AnyRequest = Request[Any, Any, Any]
+
+
+def gateway_of(request: AnyRequest) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+def _json(obj: object) -> Response[bytes]:
+    return Response(encode(obj), media_type=JSON)
+
+
+def _annotate_request(gw: Gateway, req: chat.ChatCompletionRequest | CompletionRequest) -> None:
+    annotate(model=req.model, stream=req.stream, n=req.n)
+    if req.user is not None:
+        annotate(user=req.user)
+    if gw.config.log_content:
+        body = req.messages if isinstance(req, ChatCompletionRequest) else req.prompt
+        annotate(prompt=msgspec.to_builtins(body))
+
+
+@post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI)")
+async def chat_completions(request: AnyRequest) -> Response[Any]:
+    arrival = time.monotonic()
+    gw = gateway_of(request)
+    backend = gw.backend_for_work()
+    req = decode_body(await request.body(), ChatCompletionRequest)
+    gw.check_model(req.model)
+    _annotate_request(gw, req)
+    plan = chat.plan_chat(req, backend)
+    rid = request_id()
+    meter = gw.metrics.meter(arrival)
+    gen = await backend.submit(plan.prompt_ids, plan.params, rid)
+    meter.submitted()
+    reply = chat.ChatReply.new(rid, backend, gw.texts, gw.config.log_content)
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        stream = sse_stream(chat.stream_response(gen, plan, reply, meter, include_usage))
+        stream.background = _closer(gen)  # in case the body never starts (client gone first)
+        return stream
+    try:
+        body = await cancel_on_disconnect(request.receive, chat.whole_response(gen, plan, reply, meter))
+    finally:
+        gen.close()
+    return _json(body)
+
+
+@post("/v1/completions", status_code=200, summary="Create a completion (OpenAI, legacy)")
+async def create_completion(request: AnyRequest) -> Response[Any]:
+    arrival = time.monotonic()
+    gw = gateway_of(request)
+    backend = gw.backend_for_work()
+    req = decode_body(await request.body(), CompletionRequest)
+    gw.check_model(req.model)
+    _annotate_request(gw, req)
+    plan = completions.plan_completion(req, backend)
+    rid = request_id()
+    meter = gw.metrics.meter(arrival)
+    gens = await completions.submit_all(backend, plan, rid)
+    meter.submitted()
+    reply = completions.CompletionReply.new(rid, backend, gw.texts, gw.config.log_content)
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        stream = sse_stream(completions.stream_response(gens, plan, reply, meter, include_usage))
+        stream.background = _closer(*gens)
+        return stream
+    try:
+        body = await cancel_on_disconnect(
+            request.receive, completions.whole_response(gens, plan, reply, meter)
+        )
+    finally:
+        for g in gens:
+            g.close()
+    return _json(body)
+
+
+def _closer(*gens: Generation) -> BackgroundTask:
+    def close() -> None:
+        for g in gens:
+            g.close()
+
+    return BackgroundTask(close)
+
+
+def _model(gw: Gateway) -> Model:
+    b = gw.backend
+    return Model(id=b.model_name, created=gw.created, max_model_len=b.max_model_len)
+
+
+@get("/v1/models", summary="List models")
+async def list_models(request: AnyRequest) -> Response[bytes]:
+    return _json(ModelList(data=[_model(gateway_of(request))]))
+
+
+@get("/v1/models/{model_id:path}", summary="Retrieve a model")
+async def retrieve_model(request: AnyRequest, model_id: FromPath[str]) -> Response[bytes]:
+    gw = gateway_of(request)
+    gw.check_model(model_id.lstrip("/"))
+    return _json(_model(gw))
+
+
+@post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages")
+async def tokenize(request: AnyRequest) -> Response[bytes]:
+    gw = gateway_of(request)
+    req = decode_body(await request.body(), TokenizeRequest)
+    gw.check_model(req.model)
+    backend = gw.backend
+    if (req.prompt is None) == (req.messages is None):
+        raise InvalidRequestError("send exactly one of `prompt` and `messages`", param="prompt")
+    if req.messages is not None:
+        ids = backend.encode_chat(chat.message_dicts(req.messages))
+    else:
+        ids = backend.tokenizer.encode(req.prompt or "", add_special=req.add_special_tokens)
+    return _json(TokenizeResponse(count=len(ids), max_model_len=backend.max_model_len, tokens=ids))
+
+
+@post("/detokenize", status_code=200, summary="Text of token ids")
+async def detokenize(request: AnyRequest) -> Response[bytes]:
+    gw = gateway_of(request)
+    req = decode_body(await request.body(), DetokenizeRequest)
+    gw.check_model(req.model)
+    vocab = gw.backend.tokenizer.vocab_size
+    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens"
+        )
+    return _json(DetokenizeResponse(prompt=gw.backend.tokenizer.decode(req.tokens)))
+
+
+ROUTES = [chat_completions, create_completion, list_models, retrieve_model, tokenize, detokenize]

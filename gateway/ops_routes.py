@@ -1,0 +1,38 @@
+"""Operational routes: liveness, readiness and Prometheus metrics (open even when an API key is set)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+
+from shared.protocol import Health
+
+from .encoding import encode
+from .metrics import CONTENT_TYPE
+from .state import Gateway
+
+
+def _gw(request: Request[Any, Any, Any]) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+@get("/health", summary="Liveness: the process answers")
+async def health() -> Response[bytes]:
+    return Response(encode(Health(status="ok")), media_type="application/json")
+
+
+@get("/ready", summary="Readiness: the model is loaded and new requests are accepted")
+async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    reason = _gw(request).not_ready_reason()
+    status = Health(status="ready" if reason is None else reason)
+    return Response(encode(status), media_type="application/json", status_code=200 if reason is None else 503)
+
+
+@get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return Response(_gw(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+ROUTES = [health, ready, metrics]

@@ -1,0 +1,45 @@
+"""The gateway's per-process state that routes share: the backend, the options, metrics, the draining
+flag. One instance per app (held in Litestar's app state)."""
+
+from __future__ import annotations
+
+import time
+
+from shared.errors import NotFoundError
+
+from .backend import Backend
+from .config import GatewayConfig
+from .errors import ServiceUnavailableError
+from .logprobs import TokenTexts
+from .metrics import Metrics
+
+
+class Gateway:
+    def __init__(self, backend: Backend, config: GatewayConfig) -> None:
+        self.backend = backend
+        self.config = config
+        self.metrics = Metrics(backend.stats)
+        self.texts = TokenTexts(backend.tokenizer)
+        self.created = int(time.time())
+        self.draining = False  # set on SIGTERM: finish what runs, take nothing new
+
+    def not_ready_reason(self) -> str | None:
+        if self.draining:
+            return "draining: the server is shutting down"
+        if not self.backend.is_alive():
+            return "the engine has stopped"
+        return None
+
+    def backend_for_work(self) -> Backend:
+        reason = self.not_ready_reason()
+        if reason is not None:
+            raise ServiceUnavailableError(f"not accepting requests: {reason}")
+        return self.backend
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.backend.model_name:
+            raise NotFoundError(
+                f"the model `{name}` does not exist; this server serves `{self.backend.model_name}`",
+                param="model",
+                code="model_not_found",
+            )

@@ -1,0 +1,232 @@
+"""OpenAI wire types as msgspec Structs: what the edge, the gateway and the workers decode and encode.
+
+Requests are decoded strictly (a string where an int belongs is a 400 naming the field, never a silent
+coercion) and unknown fields are ignored, as OpenAI does. Response fields that OpenAI omits rather than
+sends as null default to `UNSET`, which msgspec leaves out of the JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class ContentPart(Struct, kw_only=True):
+    type: str  # only "text" is served for now; anything else is a 400 naming the part
+    text: str | None = None
+
+
+class ChatMessage(Struct, kw_only=True, omit_defaults=True):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class StreamOptions(Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class ResponseFormat(Struct, kw_only=True):
+    type: str = "text"
+
+
+class SamplingFields(Struct, kw_only=True):
+    """The sampling fields chat and completions share (OpenAI's, then the common extensions)."""
+
+    model: str
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    # a string, a list of strings, a list of token ids or a list of token-id lists
+    prompt: str | list[str | int | list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TokenizeRequest(Struct, kw_only=True):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # for `prompt`: BOS when the model asks for one
+    # `messages` are rendered with the chat template, generation prompt included, exactly as chat does
+
+
+class DetokenizeRequest(Struct, kw_only=True):
+    tokens: list[int]
+    model: str | None = None
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class Usage(Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct, kw_only=True):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChatChoice(Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletion(Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(Struct, kw_only=True):
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+
+
+class ChunkChoice(Struct, kw_only=True):
+    index: int
+    delta: ChunkDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    system_fingerprint: str | None = None
+    # present (null until the last chunk) only when stream_options.include_usage is set
+    usage: Usage | UnsetType | None = UNSET
+
+
+class CompletionLogprobs(Struct, kw_only=True):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
+    text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class CompletionChoice(Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class Completion(Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: Literal["text_completion"] = "text_completion"
+    system_fingerprint: str | None = None
+    usage: Usage | UnsetType | None = UNSET
+
+
+class Model(Struct, kw_only=True):
+    id: str
+    created: int
+    owned_by: str = "ctxfuse"
+    object: Literal["model"] = "model"
+    max_model_len: int | UnsetType = UNSET  # an extension vLLM clients read
+
+
+class ModelList(Struct, kw_only=True):
+    data: list[Model]
+    object: Literal["list"] = "list"
+
+
+class TokenizeResponse(Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(Struct, kw_only=True):
+    prompt: str
+
+
+class ErrorBody(Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(Struct, kw_only=True):
+    error: ErrorBody
+
+
+class Health(Struct, kw_only=True):
+    status: str
