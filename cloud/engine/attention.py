@@ -72,36 +72,55 @@ class DenseAttention:
         return o.reshape(b, h, d)
 
     def _prefill(self, layer: int, q: torch.Tensor, cache: KVCache, seq: PrefillSeq) -> torch.Tensor:
-        ctx = seq.start_pos + q.shape[0]
-        k, v = cache.gather(layer, seq.block_table)  # [kv_heads, blocks * block_size, d]
-        k, v = k[:, :ctx], v[:, :ctx]
+        n, start = q.shape[0], seq.start_pos
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-        kh, vh = k.unsqueeze(0), v.unsqueeze(0)
-        if seq.start_pos == 0:
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale, enable_gqa=True)
+        if start == 0:
+            k, v = self._context(cache, layer, seq.block_table, 0, n)
+            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
         elif q.device.type == "cpu":
-            o = self._prefill_after_prefix(qh, kh, vh, seq.start_pos)
+            o = self._prefill_after_prefix(layer, qh, cache, seq)
         else:
-            n = q.shape[0]
+            k, v = self._context(cache, layer, seq.block_table, 0, start + n)
             # query i (position start+i) sees keys 0..start+i
-            mask = torch.arange(seq.start_pos + n, device=q.device)[None, :] <= (
-                torch.arange(n, device=q.device)[:, None] + seq.start_pos
+            mask = torch.arange(start + n, device=q.device)[None, :] <= (
+                torch.arange(n, device=q.device)[:, None] + start
             )
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
         return o[0].transpose(0, 1)
 
+    def _context(
+        self, cache: KVCache, layer: int, table: torch.Tensor, begin: int, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions begin..end-1: [1, kv_heads, end - begin, d]."""
+        bs = cache.block_size
+        k, v = cache.gather(layer, table[begin // bs : -(-end // bs)])
+        offset = begin % bs
+        return k[None, :, offset : offset + end - begin], v[None, :, offset : offset + end - begin]
+
     def _prefill_after_prefix(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
+        self, layer: int, q: torch.Tensor, cache: KVCache, seq: PrefillSeq
     ) -> torch.Tensor:
         """A chunk after `start` cached tokens, as two flash calls merged by their log-sum-exps: the
         whole cached prefix without a mask, then the chunk itself causally. A masked call over the
-        whole context would compute every masked-out block too (a third more work at 8K in 2K chunks)."""
-        # q: [1, heads, n, d]; k, v: [1, kv_heads, ctx, d]. The CPU flash op has no GQA: repeat heads.
-        k = k.repeat_interleave(self.group, dim=1)
-        v = v.repeat_interleave(self.group, dim=1)
+        whole context would compute every masked-out block too (a third more work at 8K in 2K chunks).
+
+        The CPU flash op has no GQA. Against the prefix (no mask) each KV head's query group folds
+        into the query axis, so the long prefix is never repeated per query head; only the chunk's
+        own keys are (a short question after an 8K cached document copies 30 tokens, not 8K). The
+        prefix is gathered on its own, so when its blocks lie side by side it is a view, not a copy."""
+        # q: [1, heads, n, d]
+        _, h, n, d = q.shape
+        start = seq.start_pos
+        kvh, g = self.num_kv_heads, self.group
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        o1, lse1 = flash(q, k[:, :, :start], v[:, :, :start], 0.0, False, scale=self.scale)
-        o2, lse2 = flash(q, k[:, :, start:], v[:, :, start:], 0.0, True, scale=self.scale)
+        kp, vp = self._context(cache, layer, seq.block_table, 0, start)
+        folded = q.reshape(1, kvh, g * n, d)  # head kvh*g + j -> kv head kvh (as repeat_interleave)
+        o1, lse1 = flash(folded, kp, vp, 0.0, False, scale=self.scale)
+        o1, lse1 = o1.reshape(1, h, n, d), lse1.reshape(1, h, n)
+        kc, vc = self._context(cache, layer, seq.block_table, start, start + n)
+        o2, lse2 = flash(
+            q, kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1), 0.0, True, scale=self.scale
+        )
         m = torch.maximum(lse1, lse2)  # [1, heads, n]
         w1, w2 = torch.exp(lse1 - m).unsqueeze(-1), torch.exp(lse2 - m).unsqueeze(-1)
         return (o1 * w1 + o2 * w2) / (w1 + w2)

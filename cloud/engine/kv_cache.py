@@ -44,6 +44,10 @@ class KVCache:
         k_all, v_all = self.k[layer], self.v[layer]
         h, _, d = k_all.shape
         bs = self.block_size
+        if blocks.dim() == 1 and _consecutive(blocks):
+            # blocks allocated in one go from a fresh pool lie side by side: a view, no copy
+            lo, hi = int(blocks[0]) * bs, (int(blocks[-1]) + 1) * bs
+            return k_all[:, lo:hi], v_all[:, lo:hi]
         flat = blocks.reshape(-1)
         k = k_all.view(h, self.num_blocks, bs, d).index_select(1, flat)  # [h, nb_total, bs, d]
         v = v_all.view(h, self.num_blocks, bs, d).index_select(1, flat)
@@ -53,3 +57,8 @@ class KVCache:
         k = k.view(h, b, nb * bs, d).transpose(0, 1)
         v = v.view(h, b, nb * bs, d).transpose(0, 1)
         return k, v
+
+
+def _consecutive(blocks: torch.Tensor) -> bool:
+    n = blocks.numel()
+    return n > 0 and int(blocks[-1]) - int(blocks[0]) == n - 1 and bool((blocks.diff() == 1).all())

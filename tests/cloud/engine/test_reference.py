@@ -41,7 +41,9 @@ class RecordingSampler(Sampler):
 
 
 def make_core(loaded_model, **overrides) -> tuple[EngineCore, RecordingSampler]:  # type: ignore[no-untyped-def]
-    config = replace(EngineConfig(kv_cache_memory_gib=0.25, max_model_len=2048), **overrides)
+    # the exact reference path: float32 activations and weights
+    base = EngineConfig(dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_model_len=2048)
+    config = replace(base, **overrides)
     core = EngineCore(config, loaded_model)
     rec = RecordingSampler()
     core.runner.sampler = rec
