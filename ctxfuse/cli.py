@@ -132,6 +132,29 @@ def _cmd_bench_agreement(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_gateway(args: argparse.Namespace) -> int:
+    from gateway.bench.run import GatewayBenchOptions, run
+
+    options = GatewayBenchOptions(
+        duration_s=args.duration,
+        connections=args.connections,
+        steps=tuple(sorted(set(args.steps))),
+        p99_budget_ms=args.p99_budget_ms,
+    )
+    print(json.dumps(run(options), indent=2))
+    return 0
+
+
+def _connection_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("connection counts must be >= 1")
+    return counts
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.config import GatewayConfig
     from gateway.server import serve
@@ -185,6 +208,39 @@ def add_gateway_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.bench.run import GatewayBenchOptions
+
+    d = GatewayBenchOptions()
+    bg = bench.add_parser(
+        "gateway",
+        help="latency the gateway adds (instant fake engine vs a raw ASGI app, driven by wrk); prints JSON",
+    )
+    bg.add_argument(
+        "--duration", type=float, default=d.duration_s, help=f"seconds per wrk run (default {d.duration_s:g})"
+    )
+    bg.add_argument(
+        "--connections",
+        type=int,
+        default=d.connections,
+        help=f"connections for the added-latency comparison (default {d.connections})",
+    )
+    bg.add_argument(
+        "--steps",
+        type=_connection_counts,
+        default=list(d.steps),
+        help="connection counts stepped through to find the highest rate within the p99 budget "
+        f"(default {','.join(map(str, d.steps))})",
+    )
+    bg.add_argument(
+        "--p99-budget-ms",
+        type=float,
+        default=d.p99_budget_ms,
+        help=f"p99 latency budget for the rate search, ms (default {d.p99_budget_ms:g})",
+    )
+    bg.set_defaults(func=_cmd_bench_gateway)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split."
@@ -229,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--max-tokens", type=int, default=64)
     add_engine_options(ba)
     ba.set_defaults(func=_cmd_bench_agreement)
+    add_bench_gateway_parser(bench)
     return parser
 
 

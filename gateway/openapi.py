@@ -22,6 +22,7 @@ from shared.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
+    Health,
     Model,
     ModelList,
     TokenizeRequest,
@@ -42,6 +43,12 @@ _ROUTES: dict[str, tuple[str, type | None, type, type | None]] = {
     "/detokenize": ("post", DetokenizeRequest, DetokenizeResponse, None),
 }
 
+# the operational routes answer a Health body whatever the status: /ready's 503 says why, not an error
+_OPS: dict[str, dict[str, type]] = {
+    "/health": {"200": Health},
+    "/ready": {"200": Health, "503": Health},
+}
+
 
 def _ref(t: type) -> Reference:
     return Reference(ref=_REF.format(name=t.__name__))
@@ -52,7 +59,7 @@ def _media(t: type) -> OpenAPIMediaType:
 
 
 def document_bodies(app: Litestar) -> None:
-    types: set[type] = {ErrorResponse}
+    types: set[type] = {ErrorResponse, Health}
     for _, req, resp, chunk in _ROUTES.values():
         types |= {t for t in (req, resp, chunk) if t is not None}
     _, components = msgspec.json.schema_components(sorted(types, key=lambda t: t.__name__), ref_template=_REF)
@@ -77,3 +84,10 @@ def document_bodies(app: Litestar) -> None:
             "4XX": error,
             "5XX": error,
         }
+    for path, bodies in _OPS.items():
+        item = (doc.paths or {}).get(path)
+        if item is not None and item.get is not None:
+            item.get.responses = {
+                status: OpenAPIResponse(description="the status", content={_JSON: _media(t)})
+                for status, t in bodies.items()
+            }

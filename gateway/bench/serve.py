@@ -1,0 +1,91 @@
+"""The two servers under test, each in its own process with one uvicorn worker on a loopback port.
+
+`python -m gateway.bench.serve gateway PORT` serves the full gateway (default GatewayConfig, its
+request log included, written to a discarded stderr) over the instant engine;
+`python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app.
+Both use uvicorn's `auto` loop and HTTP parser: uvloop and httptools when installed, as `ctxfuse serve`.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import uvicorn
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A server subprocess, ready once its port accepts connections; stopped with SIGTERM."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "gateway.bench.serve", args[0], str(self.port), *args[1:]]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"bench server exited with status {self.proc.returncode}")
+            try:
+                socket.create_connection((HOST, self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"bench server not listening on port {self.port} after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _serve_gateway(port: int) -> None:
+    from gateway.config import GatewayConfig
+    from gateway.logs import configure_logging
+    from gateway.server import build_server
+
+    from .fake_engine import InstantBackend
+
+    config = GatewayConfig(port=port)
+    configure_logging(config.log_level)
+    build_server(InstantBackend(), config, announce=False).run()
+
+
+def _serve_baseline(port: int, recorded: Path) -> None:
+    from .baseline import BaselineApp, Recorded
+
+    app = BaselineApp(Recorded.load(recorded))
+    config = uvicorn.Config(app, host=HOST, port=port, access_log=False, log_config=None, lifespan="off")
+    uvicorn.Server(config).run()
+
+
+def main(argv: list[str]) -> int:
+    kind, port = argv[0], int(argv[1])
+    if kind == "gateway":
+        _serve_gateway(port)
+    else:
+        _serve_baseline(port, Path(argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
