@@ -2,9 +2,8 @@
 read from the backend at scrape time; latencies are measured here, from the output stream each request
 sees. One registry per app, so several apps (tests) can live in one process.
 
-`ctxfuse_request_queue_seconds` is measured from the engine's acceptance of the request to its first
-output, so it includes the prompt's prefill, not only the wait in the queue: the in-process engine
-does not report when a request was first scheduled.
+`ctxfuse_request_queue_seconds` is the engine's own figure: from a request's arrival in the engine to
+its first admission by the scheduler (its wait in the waiting queue), reported with its first output.
 """
 
 from __future__ import annotations
@@ -74,7 +73,7 @@ class Metrics:
         )
         self.queue = Histogram(
             "ctxfuse_request_queue_seconds",
-            "From the engine's acceptance of the request to its first output (queueing plus prefill)",
+            "From a request's arrival in the engine to its first admission by the scheduler",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -96,13 +95,9 @@ class RequestMeter:
     def __init__(self, metrics: Metrics, arrival: float) -> None:
         self._m = metrics
         self.arrival = arrival
-        self.accepted = arrival
         self.first_token: float | None = None
         self._last: dict[int, float] = {}  # per choice: when its previous token came
         self._prompted: set[int] = set()  # prompt indices whose prompt tokens are counted
-
-    def submitted(self) -> None:
-        self.accepted = time.monotonic()
 
     def observe(self, out: RequestOutput, prompt_index: int = 0) -> None:
         now = time.monotonic()
@@ -111,7 +106,8 @@ class RequestMeter:
         if self.first_token is None:
             self.first_token = now
             self._m.ttft.observe(now - self.arrival)
-            self._m.queue.observe(now - self.accepted)
+            if out.queue_time_s is not None:
+                self._m.queue.observe(out.queue_time_s)
         if prompt_index not in self._prompted:
             self._prompted.add(prompt_index)
             self._m.prompt_tokens.inc(out.num_prompt_tokens)

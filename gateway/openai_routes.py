@@ -66,7 +66,6 @@ async def chat_completions(request: AnyRequest) -> Response[Any]:
     rid = request_id()
     meter = gw.metrics.meter(arrival)
     gen = await backend.submit(plan.prompt_ids, plan.params, rid)
-    meter.submitted()
     reply = chat.ChatReply.new(rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -92,7 +91,6 @@ async def create_completion(request: AnyRequest) -> Response[Any]:
     rid = request_id()
     meter = gw.metrics.meter(arrival)
     gens = await completions.submit_all(backend, plan, rid)
-    meter.submitted()
     reply = completions.CompletionReply.new(rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage

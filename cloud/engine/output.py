@@ -25,6 +25,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
     error: str | None = None
 
 
@@ -76,4 +77,7 @@ def make_output(
         num_prompt_tokens=req.num_prompt_tokens,
         num_cached_tokens=max(0, req.num_cached_tokens),
         num_output_tokens=len(req.output_token_ids),
+        queue_time_s=None
+        if req.first_scheduled_time is None
+        else req.first_scheduled_time - req.arrival_time,
     )

@@ -90,6 +90,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None  # when it was first admitted (the end of its queueing)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks of token_ids so far
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache

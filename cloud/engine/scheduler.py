@@ -11,6 +11,7 @@ returns which requests compute which tokens into which blocks.
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 from shared.errors import QueueFullError
@@ -153,6 +154,8 @@ class Scheduler:
                 return  # no room now; later requests wait too, so the head is not starved
             self.waiting.remove(req)
             req.num_computed_tokens = num_cached
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_cached
                 self.prefix_queried_tokens += req.num_prompt_tokens

@@ -215,3 +215,13 @@ def test_async_engine_streams_and_a_consumer_that_leaves_aborts(loaded_model) ->
 async def _consume(engine: AsyncEngine, ids: list[int]) -> None:
     async for _ in engine.generate(ids, SamplingParams(max_tokens=1)):
         pass
+
+
+def test_queue_time_is_the_wait_before_first_admission(loaded_model) -> None:  # type: ignore[no-untyped-def]
+    core = EngineCore(replace(CONFIG, max_num_seqs=1), loaded_model)
+    core.add_request("first", [1, 2, 3], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    core.add_request("second", [1, 2, 4], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    outs = drain(core)
+    first, second = outs[("first", 0)][0].queue_time_s, outs[("second", 0)][0].queue_time_s
+    assert first is not None and second is not None
+    assert second > first  # the second waited while the first generated all its tokens
