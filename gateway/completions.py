@@ -60,16 +60,13 @@ def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
         raise InvalidRequestError("suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise InvalidRequestError("best_of other than n is not supported", param="best_of")
-    if req.echo and req.logprobs is not None:
-        raise InvalidRequestError(
-            "echo with logprobs would need prompt-token logprobs, which this server does not compute",
-            param="logprobs",
-        )
     prompts = _prompt_ids(req, backend)
     max_tokens = req.max_tokens
     if max_tokens is None:
         max_tokens = max(1, backend.max_model_len - max(len(p) for p in prompts))
     params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
+    if req.echo and req.logprobs is not None:
+        params.prompt_logprobs = req.logprobs  # the echoed prompt carries its own logprobs
     for ids in prompts:  # every prompt is checked before any is queued
         backend.check(ids, params)
     echo_texts = [backend.tokenizer.decode(ids) for ids in prompts] if req.echo else []
@@ -108,7 +105,8 @@ def _choice(plan: CompletionPlan, reply: CompletionReply, p: int, c: ChoiceResul
     lp = None
     if plan.logprobs:
         lp = CompletionLogprobs()
-        append_completion_logprobs(reply.texts, c.samples, lp, 0)
+        offset = append_completion_logprobs(reply.texts, c.prompt_samples, lp, 0) if plan.echo else 0
+        append_completion_logprobs(reply.texts, c.samples, lp, offset)
     return CompletionChoice(
         index=p * plan.params.n + c.index, text=prefix + c.text, logprobs=lp, finish_reason=c.finish_reason
     )
@@ -169,6 +167,8 @@ async def stream_response(
             lp = None
             if plan.logprobs:
                 lp = CompletionLogprobs()
+                if out.prompt_logprobs is not None and plan.echo:
+                    offsets[index] = append_completion_logprobs(reply.texts, out.prompt_logprobs, lp, 0)
                 offsets[index] = append_completion_logprobs(reply.texts, samples, lp, offsets.get(index, 0))
             choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=out.finish_reason)
             yield sse_event(chunk([choice]))

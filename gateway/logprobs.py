@@ -76,8 +76,9 @@ def append_completion_logprobs(
     for s in samples:
         token = texts.text(s.token_id)
         into.tokens.append(token)
-        into.token_logprobs.append(_lp(s.logprob))
-        into.top_logprobs.append({t: lp for t, _, lp in _tops(texts, s)})
+        # an echoed prompt's first token has nothing before it: null, as OpenAI answers
+        into.token_logprobs.append(None if s.logprob is None else _lp(s.logprob))
+        into.top_logprobs.append(None if s.logprob is None else {t: lp for t, _, lp in _tops(texts, s)})
         into.text_offset.append(offset)
         offset += len(token)
     return offset

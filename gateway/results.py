@@ -23,6 +23,7 @@ class ChoiceResult:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     samples: list[SampleResult] = field(default_factory=list)
+    prompt_samples: list[SampleResult] = field(default_factory=list)  # echo with logprobs
     finish_reason: str | None = None
 
 
@@ -84,6 +85,8 @@ async def collect(
         c.text += out.text
         c.token_ids += out.token_ids
         c.samples += visible_samples(out, eos_ids)
+        if out.prompt_logprobs is not None:
+            c.prompt_samples = out.prompt_logprobs
         if out.finished:
             c.finish_reason = out.finish_reason
     return choices

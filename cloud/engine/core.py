@@ -26,8 +26,8 @@ from .kv_cache import KVCache
 from .output import RequestOutput, TextState, make_output
 from .request import FinishReason, Request, SamplingParams
 from .runner import ModelRunner
-from .sampler import Sampler
-from .scheduler import Scheduler, SchedulerConfig
+from .sampler import Sampler, SampleResult
+from .scheduler import Scheduler, SchedulerConfig, TokenEvent
 
 
 @dataclass(slots=True)
@@ -37,6 +37,7 @@ class _Choice:
     parent_id: str
     index: int
     text: TextState
+    prompt_logprobs: dict[int, SampleResult] | None = None  # by prompt position, while prefilling
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,12 @@ class EngineCore:
             req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first)
             first = first or req
             self.scheduler.add(req)
-            self._choices[rid] = _Choice(request_id, i, TextState(self.tokenizer, p.stop))
+            self._choices[rid] = _Choice(
+                request_id,
+                i,
+                TextState(self.tokenizer, p.stop),
+                {} if p.prompt_logprobs is not None else None,
+            )
             kids.append(rid)
         self._children[request_id] = kids
 
@@ -165,30 +171,38 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         try:
-            results = self.runner.execute(out)
+            result = self.runner.execute(out)
         except Exception as exc:  # fail the step's requests, keep the engine alive
             return self._fail([c.request for c in out.chunks], exc)
-        events = self.scheduler.update(out, {rid: res.token_id for rid, res in results.items()})
-        outputs = []
-        for ev in events:
-            choice = self._choices[ev.request.request_id]
-            stop_token = ev.finish is FinishReason.STOP and ev.token_id in self._stop_ids(ev.request)
-            text, hit_stop = choice.text.add(ev.token_id, emit_text=not stop_token)
-            finish = ev.finish
-            if hit_stop and finish is None:
-                finish = FinishReason.STOP
-                self.scheduler.finish(ev.request.request_id, finish)
-            elif finish is not None:
-                finish = FinishReason.STOP if hit_stop else finish
-                text += choice.text.flush()
-            o = make_output(ev.request, choice.parent_id, choice.index, text, [ev.token_id], finish)
-            res = results[ev.request.request_id]
-            if ev.request.params.logprobs is not None:
-                o.logprobs = [res]
-            outputs.append(o)
-            if finish is not None:
-                self._forget(ev.request.request_id)
-        return outputs
+        for rid, scored in result.prompt_logprobs.items():
+            choice = self._choices[rid]
+            if choice.prompt_logprobs is not None:
+                choice.prompt_logprobs.update(scored)  # a recompute after preemption rewrites the same
+        events = self.scheduler.update(out, {rid: res.token_id for rid, res in result.sampled.items()})
+        return [self._emit(ev, result.sampled[ev.request.request_id]) for ev in events]
+
+    def _emit(self, ev: TokenEvent, res: SampleResult) -> RequestOutput:
+        req = ev.request
+        choice = self._choices[req.request_id]
+        stop_token = ev.finish is FinishReason.STOP and ev.token_id in self._stop_ids(req)
+        text, hit_stop = choice.text.add(ev.token_id, emit_text=not stop_token)
+        finish = ev.finish
+        if hit_stop and finish is None:
+            finish = FinishReason.STOP
+            self.scheduler.finish(req.request_id, finish)
+        elif finish is not None:
+            finish = FinishReason.STOP if hit_stop else finish
+            text += choice.text.flush()
+        o = make_output(req, choice.parent_id, choice.index, text, [ev.token_id], finish)
+        if req.params.logprobs is not None:
+            o.logprobs = [res]
+        if choice.prompt_logprobs is not None and len(req.output_token_ids) == 1:
+            first = SampleResult(req.prompt_token_ids[0])  # nothing precedes it: no logprob
+            o.prompt_logprobs = [first] + [choice.prompt_logprobs[p] for p in range(1, req.num_prompt_tokens)]
+            choice.prompt_logprobs = None
+        if finish is not None:
+            self._forget(req.request_id)
+        return o
 
     def _stop_ids(self, req: Request) -> frozenset[int] | set[int]:
         return req.eos_token_ids | set(req.params.stop_token_ids)

@@ -29,8 +29,8 @@ class KVManager:
         At least one token is always left to compute (the step that computes it yields the logits
         to sample from), so a prompt that is cached in full gives back its last block.
         """
-        if not self.pool.enable_prefix_caching:
-            return []
+        if not self.pool.enable_prefix_caching or req.params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position computed
         hashes = self._extend_hashes(req)
         limit = (req.num_tokens - 1) // self.block_size
         hits: list[int] = []

@@ -25,6 +25,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    # with the first output, when asked: one entry per prompt token (the first has no logprob)
+    prompt_logprobs: list[SampleResult] | None = None
     queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
     error: str | None = None
 

@@ -30,6 +30,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's plus the top k
+    prompt_logprobs: int | None = None  # the same for every prompt token (computes the whole prompt)
     n: int = 1
 
     def validate(self, vocab_size: int) -> None:
@@ -44,6 +45,11 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "top_logprobs", "must be in [0, 20]"),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "logprobs",
+                "must be in [0, 20]",
+            ),
             (1 <= self.n <= 16, "n", "must be in [1, 16]"),
             (len(self.stop) <= 16 and all(self.stop), "stop", "at most 16 non-empty strings"),
         ]

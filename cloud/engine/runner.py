@@ -4,6 +4,8 @@ tensors, runs the model over the step's tokens and samples the requests that rea
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from cloud.model.llama import LlamaModel
@@ -62,28 +64,48 @@ class ModelRunner:
         meta = AttentionMetadata(torch.cat(slot_parts), len(decode), decode_blocks, decode_mask, seqs)
         return torch.tensor(ids, dtype=torch.long), positions, meta
 
-    def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
-        """Compute the step; returns the sampled token of every chunk that reached its end."""
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Compute the step: the sampled token of every chunk that reached its end, and the prompt
+        logprobs of chunks whose request asked for them."""
+        result = StepResult()
         if not out.chunks:
-            return {}
+            return result
         input_ids, positions, meta = self.prepare(out.chunks)
         ordered = [c for c in out.chunks if len(c.token_ids) == 1] + [
             c for c in out.chunks if len(c.token_ids) > 1
         ]
-        rows, sampled = [], []
+        rows: list[int] = []  # rows whose next-token logits the step needs, sampled rows first
+        sampled = []
+        prompt_rows: list[tuple[str, int, int]] = []  # (request, row, position of the token it predicts)
         row = 0
         for c in ordered:
-            row += len(c.token_ids)
+            n = len(c.token_ids)
             if c.sample:
-                rows.append(row - 1)
+                rows.append(row + n - 1)
                 sampled.append(c.request)
-        if not sampled:
-            self.model.forward(
-                input_ids, positions, self.cache, self.attention, meta, torch.empty(0, dtype=torch.long)
-            )
-            return {}
-        logits = self.model.forward(
-            input_ids, positions, self.cache, self.attention, meta, torch.tensor(rows, dtype=torch.long)
-        )
-        results = self.sampler(logits, sampled)
-        return {r.request_id: res for r, res in zip(sampled, results, strict=True)}
+            if c.request.params.prompt_logprobs is not None:
+                last = min(c.start_pos + n, c.request.num_prompt_tokens - 1)  # predicting prompt tokens only
+                prompt_rows += [
+                    (c.request.request_id, row + p - c.start_pos, p + 1) for p in range(c.start_pos, last)
+                ]
+            row += n
+        index = torch.tensor(rows + [r for _, r, _ in prompt_rows], dtype=torch.long)
+        logits = self.model.forward(input_ids, positions, self.cache, self.attention, meta, index)
+        if sampled:
+            samples = self.sampler(logits[: len(sampled)], sampled)
+            result.sampled = {r.request_id: res for r, res in zip(sampled, samples, strict=True)}
+        if prompt_rows:
+            requests = {c.request.request_id: c.request for c in ordered}
+            targets = [requests[rid].token_ids[pos] for rid, _, pos in prompt_rows]
+            tops = [requests[rid].params.prompt_logprobs or 0 for rid, _, _ in prompt_rows]
+            scored = self.sampler.score(logits[len(sampled) :], targets, tops)
+            for (rid, _, pos), res in zip(prompt_rows, scored, strict=True):
+                result.prompt_logprobs.setdefault(rid, []).append((pos, res))
+        return result
+
+
+@dataclass(slots=True)
+class StepResult:
+    sampled: dict[str, SampleResult] = field(default_factory=dict)  # request id -> its new token
+    # request id -> (prompt position, logprob of the prompt token there given what precedes it)
+    prompt_logprobs: dict[str, list[tuple[int, SampleResult]]] = field(default_factory=dict)

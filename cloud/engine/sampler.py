@@ -28,6 +28,10 @@ class Sampler:
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
 
+    @staticmethod
+    def score(logits: torch.Tensor, targets: list[int], tops: list[int]) -> list[SampleResult]:
+        return score(logits, targets, tops)
+
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
@@ -56,11 +60,26 @@ class Sampler:
             if raw_logprobs is not None and req.params.logprobs is not None:
                 lp = raw_logprobs[row]
                 res.logprob = float(lp[token])
-                if req.params.logprobs > 0:
-                    vals, ids = torch.topk(lp, req.params.logprobs)
-                    res.top_logprobs = list(zip(ids.tolist(), vals.tolist(), strict=True))
+                res.top_logprobs = _top(lp, req.params.logprobs)
             results.append(res)
         return results
+
+
+def score(logits: torch.Tensor, targets: list[int], tops: list[int]) -> list[SampleResult]:
+    """Logprobs of given tokens under the model's distribution (prompt logprobs), with top k each."""
+    lps = torch.log_softmax(logits, dim=-1)
+    chosen = lps[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.long)].tolist()
+    return [
+        SampleResult(t, c, _top(lps[i], k))
+        for i, (t, c, k) in enumerate(zip(targets, chosen, tops, strict=True))
+    ]
+
+
+def _top(lp: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    if k <= 0:
+        return []
+    vals, ids = torch.topk(lp, k)
+    return list(zip(ids.tolist(), vals.tolist(), strict=True))
 
 
 def _needs_penalties(p: SamplingParams) -> bool:

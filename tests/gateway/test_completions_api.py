@@ -69,6 +69,23 @@ def test_completion_logprobs_line_up_with_the_text(client: openai.OpenAI) -> Non
     assert lp.text_offset[0] == 0 and all(len(t) <= 2 for t in lp.top_logprobs if t is not None)
 
 
+def test_echo_with_logprobs_scores_the_prompt_too(client: openai.OpenAI, served: Served) -> None:
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2)
+    echoed = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True
+    )
+    lp, tail = echoed.choices[0].logprobs, plain.choices[0].logprobs
+    assert lp is not None and tail is not None and lp.tokens and lp.token_logprobs and lp.text_offset
+    n_prompt = len(served.backend.tokenizer.encode(prompt))
+    assert len(lp.tokens) == n_prompt + len(tail.tokens or [])
+    assert "".join(lp.tokens) == echoed.choices[0].text
+    assert lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert lp.tokens[n_prompt:] == tail.tokens
+    assert lp.token_logprobs[n_prompt:] == pytest.approx(tail.token_logprobs, abs=1e-4)
+    assert lp.text_offset[n_prompt] == len(prompt)
+
+
 def test_token_id_prompt_is_accepted(client: openai.OpenAI, served: Served) -> None:
     ids = served.backend.tokenizer.encode("The sky is")
     by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0)

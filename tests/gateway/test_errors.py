@@ -70,13 +70,6 @@ CASES = [
     Bad("empty body", b"", contains="empty"),
     Bad("array body", [1, 2], contains="object"),
     Bad("body over the limit", chat(padding="x" * (2**20 + 10)), status=413),
-    Bad(
-        "echo with logprobs",
-        {"model": MODEL, "prompt": "hi", "echo": True, "logprobs": 1},
-        param="logprobs",
-        path="/v1/completions",
-        contains="prompt-token logprobs",
-    ),
     Bad("empty prompt list", {"model": MODEL, "prompt": []}, param="prompt", path="/v1/completions"),
     Bad("mixed prompt list", {"model": MODEL, "prompt": [1, "a"]}, param="prompt", path="/v1/completions"),
     Bad("empty prompt", {"model": MODEL, "prompt": ""}, param="prompt", path="/v1/completions"),

@@ -184,3 +184,27 @@ def test_batched_generation_equals_each_request_alone(loaded_model) -> None:  # 
     for rid, ids in prompts.items():
         alone = generate(alone_core, {rid: ids}, max_tokens=24)
         assert together[rid] == alone[rid], rid
+
+
+def test_prompt_logprobs_match_transformers_even_when_the_prefix_is_cached(loaded_model, hf_model) -> None:  # type: ignore[no-untyped-def]
+    core, _ = make_core(loaded_model, max_num_batched_tokens=29)  # prompt scored across several chunks
+    ids = chat_ids(core, DOC + " Where does the Rhine end?")
+    generate(core, {"warm": ids}, max_tokens=1)  # the prompt is now in the prefix cache
+    core.add_request("p", ids, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2))
+    first = next(o for o in run_outputs(core) if o.request_id == "p")
+    assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(ids)
+    assert first.num_cached_tokens == 0  # scoring every prompt token bypasses the cache
+    ref = torch.log_softmax(reference_logits(hf_model, ids), dim=-1)
+    assert first.prompt_logprobs[0].token_id == ids[0] and first.prompt_logprobs[0].logprob is None
+    for pos in range(1, len(ids)):
+        res = first.prompt_logprobs[pos]
+        assert res.token_id == ids[pos] and len(res.top_logprobs) == 2
+        assert abs(res.logprob - ref[pos - 1, ids[pos]].item()) < TOL  # type: ignore[operator]
+        assert res.top_logprobs[0][0] == int(ref[pos - 1].argmax())
+
+
+def run_outputs(core: EngineCore) -> list:  # type: ignore[type-arg]
+    outs = []
+    while core.has_work():
+        outs.extend(core.step())
+    return outs
