@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +22,10 @@ from shared.protocol import (
 
 from .backend import Backend, Generation
 from .encoding import SSE_DONE, sse_event
-from .logprobs import TokenTexts, chat_logprobs
+from .logprobs import chat_logprobs
 from .metrics import RequestMeter
 from .observe import annotate
-from .results import UsageTally, annotate_usage, collect, metered, visible_samples
+from .results import Reply, UsageTally, annotate_usage, collect, metered, visible_samples
 from .sampling import sampling_params
 
 
@@ -93,25 +92,8 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
     return ChatPlan(prompt_ids, params, req.logprobs)
 
 
-@dataclass(slots=True)
-class ChatReply:
-    """The parts of a response every chunk or body repeats."""
-
-    id: str
-    model: str
-    created: int
-    texts: TokenTexts
-    eos_ids: frozenset[int]
-    log_content: bool
-
-    @classmethod
-    def new(cls, request_id: str, backend: Backend, texts: TokenTexts, log_content: bool) -> ChatReply:
-        eos = backend.tokenizer.eos_ids
-        return cls(f"chatcmpl-{request_id}", backend.model_name, int(time.time()), texts, eos, log_content)
-
-
 async def whole_response(
-    gen: Generation, plan: ChatPlan, reply: ChatReply, meter: RequestMeter
+    gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter
 ) -> ChatCompletion:
     tally = UsageTally()
     try:
@@ -138,7 +120,7 @@ async def whole_response(
     )
 
 
-def _chunk(reply: ChatReply, choices: list[ChunkChoice], include_usage: bool) -> ChatCompletionChunk:
+def _chunk(reply: Reply, choices: list[ChunkChoice], include_usage: bool) -> ChatCompletionChunk:
     chunk = ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=choices)
     if include_usage:
         chunk.usage = None
@@ -146,7 +128,7 @@ def _chunk(reply: ChatReply, choices: list[ChunkChoice], include_usage: bool) ->
 
 
 async def stream_response(
-    gen: Generation, plan: ChatPlan, reply: ChatReply, meter: RequestMeter, include_usage: bool
+    gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """OpenAI's chunk stream: a role chunk per choice, content deltas, finish reasons, the usage chunk
     when asked, then [DONE]. A failure after the first byte ends the stream with an error event and no

@@ -7,7 +7,6 @@ for prompt tokens, so `echo` with `logprobs` is refused rather than answered wit
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -17,11 +16,11 @@ from shared.protocol import Completion, CompletionChoice, CompletionLogprobs, Co
 
 from .backend import Backend, Generation
 from .encoding import SSE_DONE, sse_event
-from .logprobs import TokenTexts, append_completion_logprobs
+from .logprobs import append_completion_logprobs
 from .merge import merge
 from .metrics import RequestMeter
 from .observe import annotate
-from .results import ChoiceResult, UsageTally, annotate_usage, collect, metered, visible_samples
+from .results import ChoiceResult, Reply, UsageTally, annotate_usage, collect, metered, visible_samples
 from .sampling import sampling_params
 
 
@@ -85,22 +84,7 @@ async def submit_all(backend: Backend, plan: CompletionPlan, request_id: str) ->
     return gens
 
 
-@dataclass(slots=True)
-class CompletionReply:
-    id: str
-    model: str
-    created: int
-    texts: TokenTexts
-    eos_ids: frozenset[int]
-    log_content: bool
-
-    @classmethod
-    def new(cls, request_id: str, backend: Backend, texts: TokenTexts, log_content: bool) -> CompletionReply:
-        eos = backend.tokenizer.eos_ids
-        return cls(f"cmpl-{request_id}", backend.model_name, int(time.time()), texts, eos, log_content)
-
-
-def _choice(plan: CompletionPlan, reply: CompletionReply, p: int, c: ChoiceResult) -> CompletionChoice:
+def _choice(plan: CompletionPlan, reply: Reply, p: int, c: ChoiceResult) -> CompletionChoice:
     prefix = plan.echo_texts[p] if plan.echo else ""
     lp = None
     if plan.logprobs:
@@ -113,7 +97,7 @@ def _choice(plan: CompletionPlan, reply: CompletionReply, p: int, c: ChoiceResul
 
 
 async def whole_response(
-    gens: list[Generation], plan: CompletionPlan, reply: CompletionReply, meter: RequestMeter
+    gens: list[Generation], plan: CompletionPlan, reply: Reply, meter: RequestMeter
 ) -> Completion:
     tally = UsageTally()
     tasks = [asyncio.ensure_future(collect(g, meter, tally, reply.eos_ids, p)) for p, g in enumerate(gens)]
@@ -137,7 +121,7 @@ async def whole_response(
 async def stream_response(
     gens: list[Generation],
     plan: CompletionPlan,
-    reply: CompletionReply,
+    reply: Reply,
     meter: RequestMeter,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:

@@ -29,6 +29,7 @@ from .decode import decode_body
 from .disconnect import cancel_on_disconnect
 from .encoding import encode
 from .observe import annotate, request_id
+from .results import Reply
 from .sse import sse_stream
 from .state import Gateway
 
@@ -66,7 +67,7 @@ async def chat_completions(request: AnyRequest) -> Response[Any]:
     rid = request_id()
     meter = gw.metrics.meter(arrival)
     gen = await backend.submit(plan.prompt_ids, plan.params, rid)
-    reply = chat.ChatReply.new(rid, backend, gw.texts, gw.config.log_content)
+    reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         stream = sse_stream(chat.stream_response(gen, plan, reply, meter, include_usage))
@@ -91,7 +92,7 @@ async def create_completion(request: AnyRequest) -> Response[Any]:
     rid = request_id()
     meter = gw.metrics.meter(arrival)
     gens = await completions.submit_all(backend, plan, rid)
-    reply = completions.CompletionReply.new(rid, backend, gw.texts, gw.config.log_content)
+    reply = Reply.new("cmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         stream = sse_stream(completions.stream_response(gens, plan, reply, meter, include_usage))

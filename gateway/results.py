@@ -4,6 +4,7 @@ tallies for both whole and streamed responses, and the rule for what an engine f
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -12,7 +13,8 @@ from cloud.engine.sampler import SampleResult
 from shared.errors import EngineError
 from shared.protocol import PromptTokensDetails, Usage
 
-from .backend import Generation
+from .backend import Backend, Generation
+from .logprobs import TokenTexts
 from .metrics import RequestMeter
 from .observe import annotate
 
@@ -109,3 +111,22 @@ def annotate_usage(tally: UsageTally) -> None:
         completion_tokens=tally.completion_tokens,
         cached_tokens=tally.cached_tokens,
     )
+
+
+@dataclass(slots=True)
+class Reply:
+    """The parts of a response every chunk or body repeats (chat and legacy completions alike)."""
+
+    id: str
+    model: str
+    created: int
+    texts: TokenTexts
+    eos_ids: frozenset[int]
+    log_content: bool
+
+    @classmethod
+    def new(
+        cls, id_prefix: str, request_id: str, backend: Backend, texts: TokenTexts, log_content: bool
+    ) -> Reply:
+        eos = backend.tokenizer.eos_ids
+        return cls(f"{id_prefix}-{request_id}", backend.model_name, int(time.time()), texts, eos, log_content)
