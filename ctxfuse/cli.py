@@ -9,7 +9,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from cloud.engine.config import DTYPES, EngineConfig
+from cloud.engine.config import (
+    CONTEXT_OVERFLOWS,
+    CPU_KV_CACHE_GIB,
+    DTYPES,
+    KV_DTYPES,
+    EngineConfig,
+    SparseConfig,
+)
 from cloud.model.linear import WEIGHT_QUANTS
 
 
@@ -44,20 +51,71 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size",
         type=int,
-        default=d.block_size,
-        help=f"KV block size in tokens (default {d.block_size})",
+        default=None,
+        help="KV block size in tokens (default 16; 32 for a quantized KV cache: key scales are per block)",
     )
     g.add_argument(
         "--kv-cache-memory",
         type=float,
-        default=d.kv_cache_memory_gib,
-        help=f"KV cache budget in GiB (default {d.kv_cache_memory_gib})",
+        default=None,
+        help=f"KV cache budget in GiB (default {CPU_KV_CACHE_GIB} on CPU, 90%% of free memory on a GPU)",
+    )
+    g.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default=d.kv_dtype,
+        help="KV cache storage: auto (the run dtype), or int8 / int4 group-wise quantized (keys per channel "
+        "within a block, values per token, fp16 scales and zero points)",
     )
     g.add_argument(
         "--max-model-len",
         type=int,
         default=None,
-        help="longest prompt plus output (default: the model's context, capped by the KV budget)",
+        help="longest prompt plus output (default: the model's context, scaled by RoPE scaling, capped by "
+        "the KV budget)",
+    )
+    g.add_argument(
+        "--rope-scaling",
+        type=_json_object,
+        default=None,
+        help='RoPE scaling overriding the model\'s, as JSON, e.g. \'{"type": "yarn", "factor": 4}\' '
+        "(types: linear, dynamic, yarn, llama3)",
+    )
+    g.add_argument(
+        "--context-overflow",
+        choices=CONTEXT_OVERFLOWS,
+        default=d.context_overflow,
+        help="a prompt longer than the context: error (default, context_length_exceeded); truncate_middle "
+        "(drop the middle of the prompt, reported in usage.prompt_tokens_details.truncated_tokens)",
+    )
+    s = d.sparse
+    g.add_argument(
+        "--attention",
+        choices=["dense", "sparse"],
+        default=d.attention,
+        help="dense (exact) or sparse: attention sinks + a recent window + the top KV blocks by key bounds "
+        "(Quest), within --sparse-budget tokens",
+    )
+    g.add_argument(
+        "--sparse-sinks", type=int, default=s.sinks, help=f"first tokens always attended ({s.sinks})"
+    )
+    g.add_argument(
+        "--sparse-window", type=int, default=s.window, help=f"recent tokens always attended ({s.window})"
+    )
+    g.add_argument(
+        "--sparse-budget", type=int, default=s.budget, help=f"tokens attended per query ({s.budget})"
+    )
+    g.add_argument(
+        "--sparse-dense-layers",
+        type=int,
+        default=s.dense_layers,
+        help=f"first layers that stay dense ({s.dense_layers})",
+    )
+    g.add_argument(
+        "--sparse-top-p",
+        type=float,
+        default=None,
+        help="keep the fewest selected blocks whose estimated attention mass reaches p (default off)",
     )
     g.add_argument(
         "--max-num-seqs",
@@ -93,7 +151,28 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting=args.max_queue,
         enable_prefix_caching=not args.no_prefix_caching,
+        attention=args.attention,
+        sparse=SparseConfig(
+            args.sparse_sinks,
+            args.sparse_window,
+            args.sparse_budget,
+            args.sparse_dense_layers,
+            args.sparse_top_p,
+        ),
+        kv_dtype=args.kv_dtype,
+        rope_scaling=args.rope_scaling,
+        context_overflow=args.context_overflow,
     )
+
+
+def _json_object(text: str) -> dict[str, float | str]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def _cmd_models_fetch(args: argparse.Namespace) -> int:
@@ -286,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(ba)
     ba.set_defaults(func=_cmd_bench_agreement)
     add_bench_gateway_parser(bench)
+    from cloud.bench.longctx import add_longctx_parser
+
+    add_longctx_parser(bench)
     return parser
 
 

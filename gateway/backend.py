@@ -33,6 +33,9 @@ class Backend(Protocol):
     max_model_len: int
     tokenizer: Tokenizer
 
+    def default_max_tokens(self, num_prompt_tokens: int) -> int:
+        """max_tokens for a request that sets none."""
+
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -65,6 +68,9 @@ class InProcessBackend:
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.engine.core.encode_chat(messages)
+
+    def default_max_tokens(self, num_prompt_tokens: int) -> int:
+        return self.engine.core.default_max_tokens(num_prompt_tokens)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.engine.core.check(prompt_token_ids, params)

@@ -83,7 +83,7 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
     if max_tokens is None:
         field, max_tokens = "max_tokens", req.max_tokens
     if max_tokens is None:  # as OpenAI: up to the context the prompt leaves
-        max_tokens = max(1, backend.max_model_len - len(prompt_ids))
+        max_tokens = backend.default_max_tokens(len(prompt_ids))
     elif max_tokens < 1:
         raise InvalidRequestError(f"{field} must be at least 1", param=field)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

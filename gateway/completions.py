@@ -62,7 +62,7 @@ def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
     prompts = _prompt_ids(req, backend)
     max_tokens = req.max_tokens
     if max_tokens is None:
-        max_tokens = max(1, backend.max_model_len - max(len(p) for p in prompts))
+        max_tokens = backend.default_max_tokens(max(len(p) for p in prompts))
     params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
     if req.echo and req.logprobs is not None:
         params.prompt_logprobs = req.logprobs  # the echoed prompt carries its own logprobs

@@ -35,6 +35,7 @@ class UsageTally:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    truncated_tokens: int = 0
     completion_tokens: int = 0
     _prompts: set[int] = field(default_factory=set)
 
@@ -45,6 +46,7 @@ class UsageTally:
         if prompt_index not in self._prompts:
             self._prompts.add(prompt_index)
             self.prompt_tokens += out.num_prompt_tokens
+            self.truncated_tokens += out.num_truncated_tokens
         if out.index == 0:
             # the first choice reports what the cache held before this request; later choices
             # reuse the first one's prompt blocks, which is not a cache hit for the client
@@ -55,7 +57,9 @@ class UsageTally:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+            prompt_tokens_details=PromptTokensDetails(
+                cached_tokens=self.cached_tokens, truncated_tokens=self.truncated_tokens
+            ),
         )
 
 
@@ -110,6 +114,7 @@ def annotate_usage(tally: UsageTally) -> None:
         prompt_tokens=tally.prompt_tokens,
         completion_tokens=tally.completion_tokens,
         cached_tokens=tally.cached_tokens,
+        truncated_tokens=tally.truncated_tokens,
     )
 
 

@@ -100,6 +100,7 @@ def serve(engine_config: EngineConfig, config: GatewayConfig) -> int:
         )
     print("ctxfuse: loading the model ...", file=sys.stderr, flush=True)
     backend = InProcessBackend.from_config(engine_config)
+    print(f"ctxfuse: {backend.engine.core.kv_plan.describe()}", file=sys.stderr, flush=True)
     server = build_server(backend, config)
     try:
         server.run()

@@ -97,6 +97,7 @@ class DetokenizeRequest(Struct, kw_only=True):
 
 class PromptTokensDetails(Struct, kw_only=True):
     cached_tokens: int = 0
+    truncated_tokens: int = 0  # ctxfuse: dropped from the prompt's middle to fit (truncate_middle)
 
 
 class Usage(Struct, kw_only=True):

@@ -15,6 +15,23 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+AttentionKind = Literal["dense", "sparse"]
+KVDType = Literal["auto", "int8", "int4"]
+KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4")
+ContextOverflow = Literal["error", "truncate_middle", "sliding_window"]
+CONTEXT_OVERFLOWS: tuple[ContextOverflow, ...] = ("error", "truncate_middle", "sliding_window")
+CPU_KV_CACHE_GIB = 2.0  # the KV budget on CPU when none is given (on a GPU: a share of free memory)
+
+
+@dataclass(frozen=True, slots=True)
+class SparseConfig:
+    """Block-sparse attention (Quest-style): sinks + recent window + top-k blocks by key bounds."""
+
+    sinks: int = 64  # the first tokens, always attended (attention sinks)
+    window: int = 256  # the most recent tokens, always attended
+    budget: int = 2048  # tokens attended per query in all (sinks and window included)
+    dense_layers: int = 2  # the first layers stay dense
+    top_p: float | None = None  # keep the fewest selected blocks whose estimated mass reaches p
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,14 +40,20 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: DType = "auto"  # activations, KV cache and norms; auto: float32
     weight_quant: WeightQuant = "auto"  # auto: the fastest kernels on this machine, timed at start
-    block_size: int = 16
-    kv_cache_memory_gib: float = 2.0  # KV budget; the number of blocks follows from it
-    max_model_len: int | None = None  # default: the model's trained context, capped by the KV budget
+    block_size: int | None = None  # None: 16, or 32 for a quantized KV cache (its key scales are per block)
+    kv_cache_memory_gib: float | None = None  # KV budget; None: 2 GiB on CPU, 90% of free memory on a GPU
+    max_model_len: int | None = None  # default: the model's (scaled) context, capped by the KV budget
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_waiting: int = 256
     enable_prefix_caching: bool = True
     seed: int = 0  # for requests without a seed: makes a whole run reproducible
+    attention: AttentionKind = "dense"
+    sparse: SparseConfig = SparseConfig()
+    kv_dtype: KVDType = "auto"  # auto: the run dtype; int8 / int4: group-wise quantized (KIVI layout)
+    # overrides the model's RoPE scaling, e.g. {"type": "yarn", "factor": 4}
+    rope_scaling: dict[str, float | str] | None = None
+    context_overflow: ContextOverflow = "error"
 
     @property
     def run_dtype(self) -> str:
@@ -39,3 +62,9 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.run_dtype]
+
+    @property
+    def kv_block_size(self) -> int:
+        if self.block_size is not None:
+            return self.block_size
+        return 16 if self.kv_dtype == "auto" else 32

@@ -16,18 +16,21 @@ from cloud.model.chat_template import ChatTemplate
 from cloud.model.linear import plan_weights
 from cloud.model.llama import LlamaModel
 from cloud.model.loading import LoadedModel, load_model
+from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 
-from .attention import DenseAttention
+from .attention import AttentionBackend, DenseAttention
 from .block_pool import BlockPool
 from .config import EngineConfig
-from .kv_cache import KVCache
+from .memory import make_kv_cache, plan_kv
 from .output import RequestOutput, TextState, make_output
+from .overflow import OverflowPolicy
 from .request import FinishReason, Request, SamplingParams
 from .runner import ModelRunner
 from .sampler import Sampler, SampleResult
 from .scheduler import Scheduler, SchedulerConfig, TokenEvent
+from .sparse_attention import SparseAttention
 
 
 @dataclass(slots=True)
@@ -47,7 +50,7 @@ class EngineStats:
     num_free_blocks: int
     num_blocks: int
     kv_usage: float
-    kv_bytes_per_token: int
+    kv_bytes_per_token: float
     prefix_queried_tokens: int
     prefix_hit_tokens: int
 
@@ -57,36 +60,48 @@ class EngineCore:
         self.config = config
         loaded = loaded or load_model(config.model)
         self.model_name = config.served_model_name or loaded.name
-        self.model_config = loaded.weights.config
+        weights = loaded.weights
+        if config.rope_scaling is not None:  # the user's RoPE scaling overrides the model's
+            weights = replace(weights, config=with_rope_scaling(weights.config, config.rope_scaling))
+        self.model_config = weights.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.chat_template: ChatTemplate = loaded.chat_template
         c = self.model_config
         dtype = config.torch_dtype
-        bpt = KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype)
-        num_blocks = int(config.kv_cache_memory_gib * 2**30) // (bpt * config.block_size)
-        capacity = num_blocks * config.block_size
-        self.max_model_len = min(config.max_model_len or c.max_position, capacity)
-        if self.max_model_len < 1 or num_blocks < 1:
-            raise InvalidRequestError(f"the KV budget of {config.kv_cache_memory_gib} GiB holds no block")
-        self.kv_bytes_per_token = bpt
+        self.kv_plan = plan_kv(config, c, scaled_context(c))
+        self.max_model_len = self.kv_plan.max_model_len
+        self.kv_bytes_per_token = self.kv_plan.bytes_per_token
         self.weight_plan = plan_weights(
             config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
         )
-        self.model = LlamaModel(
-            loaded.weights, dtype=dtype, plan=self.weight_plan, max_positions=self.max_model_len
+        self.model = LlamaModel(weights, dtype=dtype, plan=self.weight_plan, max_positions=self.max_model_len)
+        self.pool = BlockPool(self.kv_plan.num_blocks, config.enable_prefix_caching)
+        bs = self.kv_plan.block_size
+        self.overflow = OverflowPolicy(
+            config.context_overflow,
+            self.max_model_len,
+            config.max_num_batched_tokens,
+            config.sparse.sinks,
+            bs,
         )
-        self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(
-                config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, self.max_model_len
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                config.max_waiting,
+                self.max_model_len,
+                self.overflow.sink_blocks,
+                self.overflow.ring_blocks,
             ),
             self.pool,
-            config.block_size,
+            bs,
         )
-        self.cache = KVCache(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim, dtype)
+        self.cache = make_kv_cache(
+            self.kv_plan, c, dtype, lambda b: self.pool.blocks[b].ref_count == 0, config.max_num_seqs
+        )
         self.sampler = Sampler()
         self.runner = ModelRunner(
-            self.model, self.cache, DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim), self.sampler
+            self.model, self.cache, self._attention(), self.sampler, self.overflow.sink_blocks
         )
         self._choices: dict[str, _Choice] = {}
         self._children: dict[str, list[str]] = {}
@@ -95,21 +110,34 @@ class EngineCore:
 
     # -- submission -------------------------------------------------------------------------
 
+    def _attention(self) -> AttentionBackend:
+        c = self.model_config
+        dense = DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim, self.model.rope)
+        if self.config.attention == "sparse":
+            return SparseAttention(dense, self.config.sparse, self.kv_plan.block_size)
+        return dense
+
     def encode_chat(
         self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None = None
     ) -> list[int]:
         text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer.encode(text, add_special=False)
 
+    def default_max_tokens(self, num_prompt_tokens: int) -> int:
+        return self.overflow.default_max_tokens(num_prompt_tokens)
+
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the client's mistake, if any, before anything is queued."""
         params.validate(self.model_config.vocab_size)
+        prompt_token_ids, _ = self.overflow.fit(prompt_token_ids, params)
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if any(not 0 <= t < self.model_config.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError("the prompt holds a token id outside the vocabulary", param="prompt")
         limit = self.max_model_len
+        if self.overflow.any_length:
+            return
         if n >= limit:
             raise ContextLengthExceededError(
                 f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens"
@@ -126,6 +154,7 @@ class EngineCore:
     ) -> None:
         """Queue a request (its n choices share the prompt's blocks). Raises on bad input or a full queue."""
         self.check(prompt_token_ids, params)
+        prompt_token_ids, dropped = self.overflow.fit(prompt_token_ids, params)
         if request_id in self._children:
             raise InvalidRequestError(f"request id {request_id} is already in use")
         if len(self.scheduler.waiting) + params.n > self.scheduler.config.max_waiting:
@@ -143,6 +172,8 @@ class EngineCore:
                 p = replace(p, seed=self._rng.getrandbits(63))
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
             req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first)
+            req.num_truncated_tokens = dropped
+            req.sliding = self.overflow.slides(len(prompt_token_ids), params.max_tokens)
             first = first or req
             self.scheduler.add(req)
             self._choices[rid] = _Choice(

@@ -1,15 +1,18 @@
-"""The paged KV cache tensors: per layer, keys and values for every slot of every block.
+"""The paged KV cache in full precision: per layer, keys and values for every slot of every block.
 
 Layout [kv_heads, num_blocks * block_size, head_dim]: viewed as [kv_heads, num_blocks, block_size,
 head_dim], one request's blocks gather into a contiguous [kv_heads, ctx, head_dim] with a single
 index_select, the shape attention wants.
 Slot s lives in block s // block_size at offset s % block_size. Only the model runner writes here;
-the block pool decides which slots belong to whom.
+the block pool decides which slots belong to whom. `QuantizedKVCache` (quantized_kv_cache.py) has
+the same interface; this one is its reference.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .key_summary import KeySummaries, StepSlots
 
 
 class KVCache:
@@ -21,21 +24,57 @@ class KVCache:
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,
+        track_summaries: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
         slots = num_blocks * block_size
         self.k = [torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype) for _ in range(num_layers)]
+        self.summaries = (
+            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim) if track_summaries else None
+        )
+        self._step: StepSlots | None = None
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_token(
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        block_size: int = 16,
+        track_summaries: bool = False,
+    ) -> float:
+        size: float = 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        if track_summaries:
+            size += KeySummaries.bytes_per_token(num_layers, num_kv_heads, head_dim, block_size)
+        return float(size)
+
+    def begin_step(self, slot_mapping: torch.Tensor) -> None:
+        """Called once per step before the layers write: where the step's tokens go."""
+        self._step = StepSlots.of(slot_mapping, self.block_size)
+
+    def _slots(self, slot_mapping: torch.Tensor) -> StepSlots:
+        step = self._step
+        if step is None or step.slots is not slot_mapping:
+            step = self._step = StepSlots.of(slot_mapping, self.block_size)
+        return step
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
         self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
+        if self.summaries is not None:
+            self.summaries.update(layer, k, self._slots(slot_mapping))
+
+    def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per block key min and max: [kv_heads, num_blocks, d] fp16 each."""
+        if self.summaries is None:
+            raise RuntimeError("this KV cache keeps no key summaries (sparse attention turns them on)")
+        return self.summaries.kmin[layer], self.summaries.kmax[layer]
 
     def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole blocks, in table order. blocks: [nb] -> k, v of [kv_heads, nb * block_size, dim];
@@ -57,6 +96,20 @@ class KVCache:
         k = k.view(h, b, nb * bs, d).transpose(0, 1)
         v = v.view(h, b, nb * bs, d).transpose(0, 1)
         return k, v
+
+    def gather_per_head(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each KV head its own blocks. blocks: [kv_heads, n] -> [kv_heads, n * bs, d];
+        [batch, kv_heads, n] -> [batch, kv_heads, n * bs, d]."""
+        h, d, bs = self.num_kv_heads, self.head_dim, self.block_size
+        heads = head_index(blocks)
+        k = self.k[layer].view(h, self.num_blocks, bs, d)[heads, blocks]  # [..., h, n, bs, d]
+        v = self.v[layer].view(h, self.num_blocks, bs, d)[heads, blocks]
+        return k.flatten(-3, -2), v.flatten(-3, -2)
+
+
+def head_index(blocks: torch.Tensor) -> torch.Tensor:
+    """For per-head block indices [..., kv_heads, n]: the matching head numbers, broadcastable."""
+    return torch.arange(blocks.shape[-2], device=blocks.device).view(-1, 1)
 
 
 def _consecutive(blocks: torch.Tensor) -> bool:

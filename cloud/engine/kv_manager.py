@@ -29,8 +29,10 @@ class KVManager:
         At least one token is always left to compute (the step that computes it yields the logits
         to sample from), so a prompt that is cached in full gives back its last block.
         """
-        if not self.pool.enable_prefix_caching or req.params.prompt_logprobs is not None:
-            return []  # prompt logprobs need every prompt position computed
+        if not self.pool.enable_prefix_caching or req.params.prompt_logprobs is not None or req.sliding:
+            # prompt logprobs need every prompt position computed; a sliding request would take
+            # back its whole history at once (more than its ring holds)
+            return []
         hashes = self._extend_hashes(req)
         limit = (req.num_tokens - 1) // self.block_size
         hits: list[int] = []
@@ -76,6 +78,15 @@ class KVManager:
         req.num_registered_blocks = full
 
     def free(self, req: Request) -> None:
-        self.pool.free(req.block_ids)
+        self.pool.free([b for b in req.block_ids if b >= 0])
         req.block_ids = []
         req.num_registered_blocks = 0
+
+    def slide(self, req: Request, sink_blocks: int, ring_blocks: int) -> None:
+        """Keep a sliding request within `ring_blocks` live blocks: free its oldest blocks after the
+        sinks (full and registered ones: the newest, partly filled block is never among them)."""
+        live = [i for i, b in enumerate(req.block_ids) if b >= 0]
+        excess = len(live) - ring_blocks
+        for i in live[sink_blocks:][: max(0, excess)]:
+            self.pool.free([req.block_ids[i]])
+            req.block_ids[i] = -1

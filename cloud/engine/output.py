@@ -25,6 +25,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    num_truncated_tokens: int = 0  # prompt tokens dropped to fit the context (truncate_middle)
     # with the first output, when asked: one entry per prompt token (the first has no logprob)
     prompt_logprobs: list[SampleResult] | None = None
     queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
@@ -79,6 +80,7 @@ def make_output(
         num_prompt_tokens=req.num_prompt_tokens,
         num_cached_tokens=max(0, req.num_cached_tokens),
         num_output_tokens=len(req.output_token_ids),
+        num_truncated_tokens=req.num_truncated_tokens,
         queue_time_s=None
         if req.first_scheduled_time is None
         else req.first_scheduled_time - req.arrival_time,

@@ -95,6 +95,10 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens served from the prefix cache at first admission
+    num_truncated_tokens: int = 0  # prompt tokens dropped by the truncate_middle overflow policy
+    # sliding_window policy, for a request longer than the context: keep the sink blocks and a ring
+    # of recent blocks; dropped blocks leave -1 in block_ids, so indices stay positions // block_size
+    sliding: bool = False
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # when it was first admitted (the end of its queueing)
     block_ids: list[int] = field(default_factory=list)

@@ -10,21 +10,35 @@ import torch
 
 from cloud.model.llama import LlamaModel
 
-from .attention import AttentionBackend, AttentionMetadata, PrefillSeq
-from .kv_cache import KVCache
+from .attention import AnyKVCache, AttentionBackend, AttentionMetadata, PrefillSeq
 from .sampler import Sampler, SampleResult
 from .scheduler import ScheduledChunk, SchedulerOutput
 
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, cache: KVCache, attention: AttentionBackend, sampler: Sampler
+        self,
+        model: LlamaModel,
+        cache: AnyKVCache,
+        attention: AttentionBackend,
+        sampler: Sampler,
+        sink_blocks: int = 0,
     ) -> None:
         self.model = model
         self.cache = cache
         self.attention = attention
         self.sampler = sampler
         self.block_size = cache.block_size
+        self.sink_blocks = sink_blocks  # of a sliding-window request
+
+    def _live(self, c: ScheduledChunk) -> tuple[list[int], int]:
+        """The blocks attention reads, in position order, and how many tokens were dropped between
+        the sinks and the window (0 for a request that has dropped none)."""
+        if not c.request.sliding or -1 not in c.block_ids:
+            return c.block_ids, 0
+        live = [i for i, b in enumerate(c.block_ids) if b >= 0]
+        dropped = (live[self.sink_blocks] - self.sink_blocks) * self.block_size
+        return [c.block_ids[i] for i in live], dropped
 
     def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
         table = torch.tensor(block_ids, dtype=torch.long)
@@ -43,25 +57,39 @@ class ModelRunner:
             pos.append(p)
             slot_parts.append(self._slots(c.block_ids, p))
         positions = torch.cat(pos)
-        decode_blocks = decode_mask = None
+        decode_blocks = decode_mask = decode_lens = decode_shift = None
         if decode:
-            ctx = [c.start_pos + 1 for c in decode]
+            live = [self._live(c) for c in decode]
+            ctx = [c.start_pos + 1 - dropped for c, (_, dropped) in zip(decode, live, strict=True)]
             nblocks = [-(-n // self.block_size) for n in ctx]
-            tables = [torch.tensor(c.block_ids[:nb]) for c, nb in zip(decode, nblocks, strict=True)]
+            tables = [torch.tensor(ids[:nb]) for (ids, _), nb in zip(live, nblocks, strict=True)]
             decode_blocks = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)  # pads with block 0
             width = decode_blocks.shape[1] * self.block_size
             if any(n < width for n in ctx):
                 valid = torch.arange(width)[None, :] < torch.tensor(ctx)[:, None]
                 decode_mask = valid[:, None, None, :]  # [b, 1, 1, width]
+            decode_lens = torch.tensor(ctx, dtype=torch.long)
+            if any(dropped for _, dropped in live):
+                decode_shift = torch.tensor([dropped for _, dropped in live], dtype=torch.long)
         seqs = []
         row = len(decode)
         for c in prefill:
             n = len(c.token_ids)
-            ctx_len = c.start_pos + n
-            table = torch.tensor(c.block_ids[: -(-ctx_len // self.block_size)])
-            seqs.append(PrefillSeq(row, n, c.start_pos, table))
+            block_ids, dropped = self._live(c)
+            start = c.start_pos - dropped  # in the compacted context: sinks, then the window
+            table = torch.tensor(block_ids[: -(-(start + n) // self.block_size)])
+            seqs.append(PrefillSeq(row, n, start, table, dropped))
             row += n
-        meta = AttentionMetadata(torch.cat(slot_parts), len(decode), decode_blocks, decode_mask, seqs)
+        meta = AttentionMetadata(
+            torch.cat(slot_parts),
+            len(decode),
+            decode_blocks,
+            decode_mask,
+            seqs,
+            decode_lens,
+            decode_shift,
+            self.sink_blocks * self.block_size,
+        )
         return torch.tensor(ids, dtype=torch.long), positions, meta
 
     def execute(self, out: SchedulerOutput) -> StepResult:
@@ -90,6 +118,7 @@ class ModelRunner:
                 ]
             row += n
         index = torch.tensor(rows + [r for _, r, _ in prompt_rows], dtype=torch.long)
+        self.cache.begin_step(meta.slot_mapping)
         logits = self.model.forward(input_ids, positions, self.cache, self.attention, meta, index)
         if sampled:
             samples = self.sampler(logits[: len(sampled)], sampled)

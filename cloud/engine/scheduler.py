@@ -27,6 +27,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens computed per step (the chunked-prefill chunk bound)
     max_waiting: int = 256  # bounded waiting queue; beyond it submissions get QueueFullError
     max_model_len: int = 8192
+    # sliding_window requests keep sink_blocks + a ring: at most ring_blocks live blocks between steps
+    sink_blocks: int = 0
+    ring_blocks: int = 0
 
 
 @dataclass(slots=True)
@@ -174,11 +177,13 @@ class Scheduler:
                 continue
             req.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
             self.kv.register_full_blocks(req)
+            if req.sliding:
+                self.kv.slide(req, self.config.sink_blocks, self.config.ring_blocks)
             token = sampled.get(req.request_id)
             if token is None:
                 continue
             finish = req.append_token(token)
-            if finish is None and req.num_tokens >= self.config.max_model_len:
+            if finish is None and req.num_tokens >= self.config.max_model_len and not req.sliding:
                 finish = FinishReason.LENGTH
             events.append(TokenEvent(req, token, finish))
             if finish is not None:

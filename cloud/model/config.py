@@ -20,7 +20,12 @@ class ModelConfig:
     rms_eps: float
     tie_embeddings: bool
     attn_bias: bool = False  # qwen2 has q/k/v biases
+    # transformers' rope_parameters names ("type" or "rope_type", "factor", ...); validated and turned
+    # into frequencies by rope.py, which is also where a user's override goes (with_rope_scaling)
     rope_scaling: dict[str, float | str] = field(default_factory=dict)
+    # llama.cpp's rope_freqs tensor, [head_dim // 2] divisors of the frequencies: how GGUF files carry
+    # Llama 3.x's llama3 scaling (the converter bakes it in and writes no rope.scaling.* keys)
+    rope_freq_factors: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -29,6 +34,11 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise ValueError(
+                f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim {self.head_dim} "
+                f"(expected {self.head_dim // 2})"
+            )
 
     @property
     def q_size(self) -> int:

@@ -54,6 +54,38 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return f.contents()
 
 
+# llama.cpp's {arch}.rope.scaling.* keys -> the transformers rope_parameters name they were converted from
+_GGUF_ROPE_KEYS = {
+    "factor": "factor",
+    "original_context_length": "original_max_position_embeddings",
+    "attn_factor": "attention_factor",
+    "yarn_beta_fast": "beta_fast",
+    "yarn_beta_slow": "beta_slow",
+}
+
+
+def _read_rope_scaling(reader: Any, arch: str) -> dict[str, float | str]:
+    stype = _field(reader, f"{arch}.rope.scaling.type")
+    if not stype or stype == "none":
+        return {}
+    scaling: dict[str, float | str] = {"type": str(stype), "factor": 1.0}  # llama.cpp's default factor
+    for key, name in _GGUF_ROPE_KEYS.items():
+        value = _field(reader, f"{arch}.rope.scaling.{key}")
+        if value is not None:
+            scaling[name] = int(value) if name == "original_max_position_embeddings" else float(value)
+    log_mul = _field(reader, f"{arch}.rope.scaling.yarn_log_multiplier")
+    if log_mul:
+        # the converter stores DeepSeek's 0.1 * mscale_all_dim; those checkpoints have mscale equal to
+        # it, so YaRN's factor on cos / sin cancels to 1 (llama.cpp moves it into the softmax scale)
+        scaling["mscale"] = scaling["mscale_all_dim"] = float(log_mul) / 0.1
+    return scaling
+
+
+def _read_freq_factors(reader: Any) -> tuple[float, ...]:
+    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    return () if tensor is None else tuple(_dequantize(tensor).flatten().tolist())
+
+
 def read_config(reader: Any) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -73,14 +105,6 @@ def read_config(reader: Any) -> ModelConfig:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens) if tokens else 0))
     names = {t.name for t in reader.tensors}
-    scaling: dict[str, float | str] = {}
-    stype = _field(reader, f"{arch}.rope.scaling.type")
-    if stype and stype != "none":
-        scaling["type"] = str(stype)
-        scaling["factor"] = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
-        orig = _field(reader, f"{arch}.rope.scaling.original_context_length")
-        if orig:
-            scaling["original_max_position_embeddings"] = float(orig)
     try:
         return ModelConfig(
             arch=arch,
@@ -96,7 +120,8 @@ def read_config(reader: Any) -> ModelConfig:
             rms_eps=float(need("attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in names,
             attn_bias="blk.0.attn_q.bias" in names,
-            rope_scaling=scaling,
+            rope_scaling=_read_rope_scaling(reader, arch),
+            rope_freq_factors=_read_freq_factors(reader),
         )
     except ValueError as exc:
         raise ModelLoadError(f"inconsistent GGUF hyper-parameters: {exc}") from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,6 +16,27 @@ from .weights import LayerWeights, ModelWeights
 
 _ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "llama"}
 _MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+def _rope_settings(raw: dict[str, Any]) -> tuple[float, dict[str, float | str]]:
+    """rope_theta and the scaling dict (every key transformers reads; rope.py validates them)."""
+    # transformers >= 5 writes RoPE settings as `rope_parameters` (theta and scaling together)
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    # None stands for "the default" in transformers' dicts, so it is left out
+    scaling = {
+        k: v for k, v in rope.items() if k not in ("rope_theta", "type", "rope_type") and v is not None
+    }
+    kind = rope.get("rope_type") or rope.get("type") or "default"  # transformers' precedence
+    # Phi-3 style: a top-level original_max_position_embeddings wins over the one in the dict
+    if kind in ("yarn", "llama3") and raw.get("original_max_position_embeddings"):
+        scaling["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+    partial = scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if partial is not None and partial != 1:
+        scaling["partial_rotary_factor"] = partial  # kept so that rope.py refuses it by name
+    elif kind in ("default", "none"):
+        return theta, {}
+    return theta, {"type": kind, **scaling}
 
 
 def read_hf_config(directory: Path) -> ModelConfig:
@@ -32,15 +54,8 @@ def read_hf_config(directory: Path) -> ModelConfig:
             f"supported: {sorted(_ARCHS)}"
         )
     heads = int(raw["num_attention_heads"])
-    # transformers >= 5 writes RoPE settings as `rope_parameters` (theta and scaling together)
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    if "type" not in scaling and "rope_type" in scaling:
-        scaling["type"] = scaling["rope_type"]
-    if scaling.get("type") in (None, "default"):
-        scaling = {}
     try:
+        theta, scaling = _rope_settings(raw)
         return ModelConfig(
             arch=arch,
             num_layers=int(raw["num_hidden_layers"]),
@@ -51,7 +66,7 @@ def read_hf_config(directory: Path) -> ModelConfig:
             head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
             vocab_size=int(raw["vocab_size"]),
             max_position=int(raw.get("max_position_embeddings", 4096)),
-            rope_theta=float(theta),
+            rope_theta=theta,
             rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attn_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),

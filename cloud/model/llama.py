@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cloud.engine.attention import AttentionBackend, AttentionMetadata
-from cloud.engine.kv_cache import KVCache
+from cloud.engine.attention import AnyKVCache, AttentionBackend, AttentionMetadata
 
 from .linear import Linear, WeightPlan
 from .rope import RotaryEmbedding
@@ -76,7 +75,7 @@ class LlamaModel:
         self,
         input_ids: torch.Tensor,  # [tokens] int64
         positions: torch.Tensor,  # [tokens] int64
-        cache: KVCache,
+        cache: AnyKVCache,
         attention: AttentionBackend,
         meta: AttentionMetadata,
         logits_rows: torch.Tensor,  # [sampled] rows of the step whose next-token logits are wanted
@@ -94,7 +93,7 @@ class LlamaModel:
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
             cache.write(i, k, v, meta.slot_mapping)
-            o = attention(i, q, cache, meta)  # [tokens, heads, head_dim]
+            o = attention(i, q, k, v, cache, meta)  # [tokens, heads, head_dim]
             h = h + layer.o(o.reshape(n, c.q_size))
             x = self._norm(h, layer.ffn_norm)
             gu = layer.gate_up(x)

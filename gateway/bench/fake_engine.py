@@ -69,6 +69,9 @@ class InstantBackend:
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.tokenizer.encode(" ".join(str(m.get("content", "")) for m in messages))
 
+    def default_max_tokens(self, num_prompt_tokens: int) -> int:
+        return max(1, self.max_model_len - num_prompt_tokens)
+
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         params.validate(self.tokenizer.vocab_size)
 

@@ -87,10 +87,10 @@ def test_n_choices_share_prompt_blocks(core: EngineCore) -> None:
     core.step()  # the first choice computes the prompt; the others wait to reuse it
     core.step()
     first, *others = (core.scheduler.requests[f"n#{i}"] for i in range(3))
-    full = len(ids) // CONFIG.block_size
+    full = len(ids) // CONFIG.kv_block_size
     for other in others:
         assert other.block_ids[:full] == first.block_ids[:full]
-        assert other.num_cached_tokens == full * CONFIG.block_size
+        assert other.num_cached_tokens == full * CONFIG.kv_block_size
     assert all(core.pool.blocks[b].ref_count == 3 for b in first.block_ids[:full])
     outs = drain(core)
     assert {k[1] for k in outs} == {0, 1, 2} and core.pool.num_free == core.pool.num_blocks

@@ -1,0 +1,106 @@
+"""The engine configurations the long-context benchmark compares, and which engines each needs.
+
+A configuration is named after what it changes from dense: `sparse-1024` (block-sparse attention,
+1024 tokens attended per query), `int4` (KV cache in int4), `sparse-1024-int4` (both). Every
+configuration runs the same cases; cases longer than the model's native (trained) context run on a
+second engine with YaRN RoPE scaling. `dense-noyarn` is the exception: it runs only those long cases
+up to twice the native context, with unscaled RoPE, to show what YaRN buys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cloud.engine.config import AttentionKind, EngineConfig, KVDType, SparseConfig
+
+from .longctx_data import CaseSpec, Task
+
+DEFAULT_NATIVE_CONTEXT = 8192  # SmolLM2-135M-Instruct's trained context
+DEFAULT_YARN_FACTOR = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class LongCtxConfig:
+    name: str
+    attention: AttentionKind = "dense"
+    sparse_budget: int | None = None  # tokens attended per query (sparse attention only)
+    kv_dtype: KVDType = "auto"
+    yarn: bool = True  # False: long cases keep unscaled RoPE (and only those up to 2x native run)
+
+
+CONFIGS: dict[str, LongCtxConfig] = {
+    c.name: c
+    for c in (
+        LongCtxConfig("dense"),  # the reference: every ratio is to this one, so it runs first
+        LongCtxConfig("sparse-1024", attention="sparse", sparse_budget=1024),
+        LongCtxConfig("sparse-2048", attention="sparse", sparse_budget=2048),
+        LongCtxConfig("int8", kv_dtype="int8"),
+        LongCtxConfig("int4", kv_dtype="int4"),
+        LongCtxConfig("sparse-1024-int4", attention="sparse", sparse_budget=1024, kv_dtype="int4"),
+        LongCtxConfig("dense-noyarn", yarn=False),
+    )
+}
+REFERENCE = "dense"
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    tasks: tuple[Task, ...]
+    lengths: tuple[int, ...]  # total tokens per case (prompt + answer)
+    depths: tuple[int, ...]  # percent
+    samples: int = 1  # cases per (task, length, depth) cell
+    native_context: int = DEFAULT_NATIVE_CONTEXT
+    yarn_factor: float = DEFAULT_YARN_FACTOR
+
+    def specs(self, lengths: tuple[int, ...]) -> tuple[CaseSpec, ...]:
+        return tuple(
+            CaseSpec(task, n, depth, s)
+            for n in lengths
+            for task in self.tasks
+            for depth in self.depths
+            for s in range(self.samples)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGroup:
+    """Cases that share one engine: the same RoPE scaling and context length."""
+
+    rope_scaling: dict[str, float | str] | None  # None: the model's own RoPE
+    max_model_len: int
+    specs: tuple[CaseSpec, ...]
+
+
+def plan(config: LongCtxConfig, grid: Grid) -> list[EngineGroup]:
+    """The engines a configuration needs, shortest context first, each with its cases."""
+    native = grid.native_context
+    short = tuple(sorted(n for n in grid.lengths if n <= native))
+    long = tuple(sorted(n for n in grid.lengths if n > native))
+    if not config.yarn:
+        within = tuple(n for n in long if n <= 2 * native)
+        return [EngineGroup(None, within[-1], grid.specs(within))] if within else []
+    groups = [EngineGroup(None, short[-1], grid.specs(short))] if short else []
+    if long:
+        yarn: dict[str, float | str] = {"type": "yarn", "factor": grid.yarn_factor}
+        # the context YaRN stretches the model to, as the issue has it (32768 for SmolLM2 x 4)
+        scaled = max(int(native * grid.yarn_factor), long[-1])
+        groups.append(EngineGroup(yarn, scaled, grid.specs(long)))
+    return groups
+
+
+def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup) -> EngineConfig:
+    """The engine for one group, less its KV budget (sized once bytes per token are known)."""
+    sparse = SparseConfig() if config.sparse_budget is None else SparseConfig(budget=config.sparse_budget)
+    chosen = replace(
+        base,
+        attention=config.attention,
+        sparse=sparse,
+        kv_dtype=config.kv_dtype,
+        rope_scaling=group.rope_scaling,
+        max_model_len=group.max_model_len,
+        # cases share haystack prefixes: a prefix-cache hit would make prefill look faster than it is
+        enable_prefix_caching=False,
+        max_num_seqs=1,  # one request at a time: per-request long-context behaviour
+    )
+    # pinned, so that the KV budget can be sized in whole blocks of a known size
+    return replace(chosen, block_size=chosen.kv_block_size)
