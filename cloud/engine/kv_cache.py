@@ -54,8 +54,10 @@ class KVCache:
         return float(size)
 
     def begin_step(self, slot_mapping: torch.Tensor) -> None:
-        """Called once per step before the layers write: where the step's tokens go."""
-        self._step = StepSlots.of(slot_mapping, self.block_size)
+        """Called once per step before the layers write: where the step's tokens go (only the key
+        summaries need it)."""
+        if self.summaries is not None:
+            self._step = StepSlots.of(slot_mapping, self.block_size)
 
     def _slots(self, slot_mapping: torch.Tensor) -> StepSlots:
         step = self._step
@@ -90,12 +92,7 @@ class KVCache:
         flat = blocks.reshape(-1)
         k = k_all.view(h, self.num_blocks, bs, d).index_select(1, flat)  # [h, nb_total, bs, d]
         v = v_all.view(h, self.num_blocks, bs, d).index_select(1, flat)
-        if blocks.dim() == 1:
-            return k.view(h, -1, d), v.view(h, -1, d)
-        b, nb = blocks.shape
-        k = k.view(h, b, nb * bs, d).transpose(0, 1)
-        v = v.view(h, b, nb * bs, d).transpose(0, 1)
-        return k, v
+        return as_context(k, blocks), as_context(v, blocks)
 
     def gather_per_head(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each KV head its own blocks. blocks: [kv_heads, n] -> [kv_heads, n * bs, d];
@@ -105,6 +102,16 @@ class KVCache:
         k = self.k[layer].view(h, self.num_blocks, bs, d)[heads, blocks]  # [..., h, n, bs, d]
         v = self.v[layer].view(h, self.num_blocks, bs, d)[heads, blocks]
         return k.flatten(-3, -2), v.flatten(-3, -2)
+
+
+def as_context(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Gathered blocks [h, n_total, bs, d] to the context attention reads: [h, n * bs, d] for a table
+    blocks [n], [b, h, n * bs, d] for tables [b, n]."""
+    h, _, bs, d = x.shape
+    if blocks.dim() == 1:
+        return x.view(h, -1, d)
+    b, nb = blocks.shape
+    return x.view(h, b, nb * bs, d).transpose(0, 1)
 
 
 def head_index(blocks: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .key_summary import KeySummaries, StepSlots
-from .kv_cache import head_index
+from .kv_cache import as_context, head_index
 from .kv_quant import Dequantizer, code_width, quantize_keys, quantize_values
 
 _EMPTY = torch.empty(0, dtype=torch.long)
@@ -210,12 +210,7 @@ class QuantizedKVCache:
         if staged.numel():
             k[:, staged] = self.stage_k[layer][:, slots[staged]]
             v[:, staged] = self.stage_v[layer][:, slots[staged]]
-        h, d = self.num_kv_heads, self.head_dim
-        if blocks.dim() == 1:
-            return k.view(h, -1, d), v.view(h, -1, d)
-        b, nb = blocks.shape
-        bs = self.block_size
-        return k.view(h, b, nb * bs, d).transpose(0, 1), v.view(h, b, nb * bs, d).transpose(0, 1)
+        return as_context(k, blocks), as_context(v, blocks)
 
     def gather_per_head(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As KVCache.gather_per_head: [..., h, n] -> [..., h, n * bs, d]."""
