@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cloud.bench.longctx import add_longctx_parser
 
     add_longctx_parser(bench)
+    from cloud.bench.structured_bench import add_structured_parser
+
+    add_structured_parser(bench)
     return parser
 
 

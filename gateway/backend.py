@@ -36,7 +36,14 @@ class Backend(Protocol):
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         """max_tokens for a request that sets none."""
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
+    ) -> list[int]:
+        """Prompt ids of `messages` through the chat template, with `tools` (OpenAI's shape) in the
+        prompt; `tool_choice`: None (the model decides), "required" or the forced function's name."""
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the client's mistake (shared.errors) without queueing anything."""
@@ -66,8 +73,13 @@ class InProcessBackend:
     def from_config(cls, config: EngineConfig) -> InProcessBackend:
         return cls(AsyncEngine(EngineCore(config)))
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.engine.core.encode_chat(messages)
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
+    ) -> list[int]:
+        return self.engine.core.encode_chat(messages, tools, tool_choice)
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.engine.core.default_max_tokens(num_prompt_tokens)

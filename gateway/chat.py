@@ -1,10 +1,12 @@
-"""POST /v1/chat/completions: messages -> prompt ids -> engine -> a whole response or an SSE stream."""
+"""POST /v1/chat/completions: messages -> prompt ids -> engine -> a whole response (the stream is in
+chat_stream.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from cloud.engine.request import SamplingParams
 from shared.errors import InvalidRequestError
@@ -12,21 +14,19 @@ from shared.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
     ChoiceLogprobs,
-    ChunkChoice,
-    ChunkDelta,
 )
 
+from . import structured, structured_result
 from .backend import Backend, Generation
-from .encoding import SSE_DONE, sse_event
 from .logprobs import chat_logprobs
 from .metrics import RequestMeter
 from .observe import annotate
-from .results import Reply, UsageTally, annotate_usage, collect, metered, visible_samples
+from .results import ChoiceResult, Reply, UsageTally, annotate_usage, collect
 from .sampling import sampling_params
+from .structured import Structure
 
 
 def _content_text(i: int, m: ChatMessage) -> str | None:
@@ -55,7 +55,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls is not None:
-            d["tool_calls"] = m.tool_calls
+            d["tool_calls"] = msgspec.to_builtins(m.tool_calls)
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
         out.append(d)
@@ -69,16 +69,34 @@ class ChatPlan:
     prompt_ids: list[int]
     params: SamplingParams
     logprobs: bool
+    structure: Structure | None = None
+
+
+def _structure(req: ChatCompletionRequest) -> tuple[Structure | None, structured.ToolsPrompt]:
+    confidence = req.ctxfuse is not None and req.ctxfuse.field_confidence
+    json_out = structured.response_format_structure(req.response_format, confidence)
+    tools_out, prompt = structured.tools_structure(req, confidence)
+    if json_out is not None and tools_out is not None and tools_out.spec.kind == "tool_calls":
+        if req.tool_choice in (None, "auto"):
+            raise InvalidRequestError(
+                "response_format json_object or json_schema cannot be combined with tools the model may "
+                'or may not call; set tool_choice to "none", "required" or a function',
+                param="response_format",
+            )
+        json_out = None  # the output is tool calls only
+    if confidence and json_out is None and tools_out is None:
+        raise InvalidRequestError(
+            "ctxfuse.field_confidence needs structured output (response_format json_* or tools)",
+            param="ctxfuse.field_confidence",
+        )
+    return json_out or tools_out, prompt
 
 
 def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequestError(
-            f"response_format {req.response_format.type!r} is not supported yet", param="response_format"
-        )
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
-    prompt_ids = backend.encode_chat(message_dicts(req.messages))
+    structure, tools = _structure(req)
+    prompt_ids = backend.encode_chat(message_dicts(req.messages), tools.tools, tools.choice)
     field, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is None:
         field, max_tokens = "max_tokens", req.max_tokens
@@ -88,12 +106,33 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
         raise InvalidRequestError(f"{field} must be at least 1", param=field)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
+    if structure is not None:
+        params.grammar = structure.spec
+        params.constrained_logprobs = structure.confidence
     backend.check(prompt_ids, params)
-    return ChatPlan(prompt_ids, params, req.logprobs)
+    return ChatPlan(prompt_ids, params, req.logprobs, structure)
+
+
+def _message(plan: ChatPlan, c: ChoiceResult, reply: Reply, backend: Backend) -> ChatChoice:
+    lp = ChoiceLogprobs(content=chat_logprobs(reply.texts, c.samples)) if plan.logprobs else None
+    if plan.structure is None:
+        message = AssistantMessage(content=c.text)
+        return ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=c.finish_reason)
+    evidence = None
+    if plan.structure.confidence:
+        evidence = structured_result.TokenEvidence(backend.tokenizer)
+        evidence.add(c.samples)
+    out = structured_result.finish(plan.structure, c.text, c.finish_reason, evidence)
+    message = AssistantMessage(content=out.content)
+    if out.tool_calls:
+        message.tool_calls = out.tool_calls
+    return ChatChoice(
+        index=c.index, message=message, logprobs=lp, finish_reason=out.finish_reason, ctxfuse=out.result
+    )
 
 
 async def whole_response(
-    gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter
+    gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter, backend: Backend
 ) -> ChatCompletion:
     tally = UsageTally()
     try:
@@ -103,60 +142,7 @@ async def whole_response(
         annotate_usage(tally)
     if reply.log_content:
         annotate(completion=[choices[i].text for i in sorted(choices)])
-    out = []
-    for i in sorted(choices):
-        c = choices[i]
-        lp = ChoiceLogprobs(content=chat_logprobs(reply.texts, c.samples)) if plan.logprobs else None
-        out.append(
-            ChatChoice(
-                index=i,
-                message=AssistantMessage(content=c.text),
-                logprobs=lp,
-                finish_reason=c.finish_reason,
-            )
-        )
+    out = [_message(plan, choices[i], reply, backend) for i in sorted(choices)]
     return ChatCompletion(
         id=reply.id, created=reply.created, model=reply.model, choices=out, usage=tally.usage()
     )
-
-
-def _chunk(reply: Reply, choices: list[ChunkChoice], include_usage: bool) -> ChatCompletionChunk:
-    chunk = ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=choices)
-    if include_usage:
-        chunk.usage = None
-    return chunk
-
-
-async def stream_response(
-    gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter, include_usage: bool
-) -> AsyncIterator[bytes]:
-    """OpenAI's chunk stream: a role chunk per choice, content deltas, finish reasons, the usage chunk
-    when asked, then [DONE]. A failure after the first byte ends the stream with an error event and no
-    [DONE], so a client cannot take a truncated answer for a whole one."""
-    tally = UsageTally()
-    texts: dict[int, str] = {}
-    try:
-        for i in range(plan.params.n):
-            role = ChunkChoice(index=i, delta=ChunkDelta(role="assistant", content=""))
-            yield sse_event(_chunk(reply, [role], include_usage))
-        async for out in metered(gen, meter, tally):
-            samples = visible_samples(out, reply.eos_ids)
-            if reply.log_content:
-                texts[out.index] = texts.get(out.index, "") + out.text
-            if not out.text and not samples and not out.finished:
-                continue  # text held back (a stop string may be forming): nothing to send yet
-            lp = ChoiceLogprobs(content=chat_logprobs(reply.texts, samples)) if plan.logprobs else None
-            delta = ChunkDelta(content=out.text) if out.text or lp else ChunkDelta()
-            choice = ChunkChoice(index=out.index, delta=delta, logprobs=lp, finish_reason=out.finish_reason)
-            yield sse_event(_chunk(reply, [choice], include_usage))
-        if include_usage:
-            final = ChatCompletionChunk(
-                id=reply.id, created=reply.created, model=reply.model, choices=[], usage=tally.usage()
-            )
-            yield sse_event(final)
-        yield SSE_DONE
-    finally:
-        gen.close()
-        annotate_usage(tally)
-        if reply.log_content:
-            annotate(completion=[texts[i] for i in sorted(texts)])

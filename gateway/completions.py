@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from cloud.engine.request import SamplingParams
+from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
 from shared.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 
+from . import structured, structured_result
 from .backend import Backend, Generation
 from .encoding import SSE_DONE, sse_event
 from .logprobs import append_completion_logprobs
@@ -22,6 +24,7 @@ from .metrics import RequestMeter
 from .observe import annotate
 from .results import ChoiceResult, Reply, UsageTally, annotate_usage, collect, metered, visible_samples
 from .sampling import sampling_params
+from .structured import Structure
 
 
 def _prompt_ids(req: CompletionRequest, backend: Backend) -> list[list[int]]:
@@ -52,6 +55,7 @@ class CompletionPlan:
     echo: bool
     logprobs: bool
     echo_texts: list[str] = field(default_factory=list)
+    structure: Structure | None = None  # response_format json_*: the text must be that JSON
 
 
 def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
@@ -64,12 +68,22 @@ def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
     if max_tokens is None:
         max_tokens = backend.default_max_tokens(max(len(p) for p in prompts))
     params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
+    confidence = req.ctxfuse is not None and req.ctxfuse.field_confidence
+    structure = structured.response_format_structure(req.response_format, confidence)
+    if structure is not None:
+        params.grammar = structure.spec
+        params.constrained_logprobs = confidence
+    elif confidence:
+        raise InvalidRequestError(
+            "ctxfuse.field_confidence needs response_format json_object or json_schema",
+            param="ctxfuse.field_confidence",
+        )
     if req.echo and req.logprobs is not None:
         params.prompt_logprobs = req.logprobs  # the echoed prompt carries its own logprobs
     for ids in prompts:  # every prompt is checked before any is queued
         backend.check(ids, params)
     echo_texts = [backend.tokenizer.decode(ids) for ids in prompts] if req.echo else []
-    return CompletionPlan(prompts, params, req.echo, req.logprobs is not None, echo_texts)
+    return CompletionPlan(prompts, params, req.echo, req.logprobs is not None, echo_texts, structure)
 
 
 async def submit_all(backend: Backend, plan: CompletionPlan, request_id: str) -> list[Generation]:
@@ -84,20 +98,27 @@ async def submit_all(backend: Backend, plan: CompletionPlan, request_id: str) ->
     return gens
 
 
-def _choice(plan: CompletionPlan, reply: Reply, p: int, c: ChoiceResult) -> CompletionChoice:
+def _choice(
+    plan: CompletionPlan, reply: Reply, p: int, c: ChoiceResult, tokenizer: Tokenizer
+) -> CompletionChoice:
     prefix = plan.echo_texts[p] if plan.echo else ""
     lp = None
     if plan.logprobs:
         lp = CompletionLogprobs()
         offset = append_completion_logprobs(reply.texts, c.prompt_samples, lp, 0) if plan.echo else 0
         append_completion_logprobs(reply.texts, c.samples, lp, offset)
-    return CompletionChoice(
+    choice = CompletionChoice(
         index=p * plan.params.n + c.index, text=prefix + c.text, logprobs=lp, finish_reason=c.finish_reason
     )
+    if plan.structure is not None:
+        trace = structured_result.ChoiceTrace(plan.structure, tokenizer)
+        trace.add(c.text, c.samples)
+        choice.ctxfuse = trace.finish(c.finish_reason).result
+    return choice
 
 
 async def whole_response(
-    gens: list[Generation], plan: CompletionPlan, reply: Reply, meter: RequestMeter
+    gens: list[Generation], plan: CompletionPlan, reply: Reply, meter: RequestMeter, tokenizer: Tokenizer
 ) -> Completion:
     tally = UsageTally()
     tasks = [asyncio.ensure_future(collect(g, meter, tally, reply.eos_ids, p)) for p, g in enumerate(gens)]
@@ -109,7 +130,7 @@ async def whole_response(
         for g in gens:
             g.close()
         annotate_usage(tally)
-    choices = [_choice(plan, reply, p, c) for p, r in enumerate(results) for c in r.values()]
+    choices = [_choice(plan, reply, p, c, tokenizer) for p, r in enumerate(results) for c in r.values()]
     choices.sort(key=lambda c: c.index)
     if reply.log_content:
         annotate(completion=[c.text for c in choices])
@@ -124,10 +145,13 @@ async def stream_response(
     reply: Reply,
     meter: RequestMeter,
     include_usage: bool,
+    tokenizer: Tokenizer,
 ) -> AsyncIterator[bytes]:
-    """Completion chunks, then the usage chunk when asked, then [DONE]; an error event on failure."""
+    """Completion chunks, then the usage chunk when asked, then [DONE]; an error event on failure.
+    A structured choice's check (`ctxfuse`) comes with its last chunk."""
     tally = UsageTally()
     n = plan.params.n
+    traces: dict[int, structured_result.ChoiceTrace] = {}
     offsets: dict[int, int] = {}  # per choice: text offset for logprobs
     echoed: set[int] = set()
 
@@ -155,6 +179,11 @@ async def stream_response(
                     offsets[index] = append_completion_logprobs(reply.texts, out.prompt_logprobs, lp, 0)
                 offsets[index] = append_completion_logprobs(reply.texts, samples, lp, offsets.get(index, 0))
             choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=out.finish_reason)
+            if plan.structure is not None:
+                trace = traces.setdefault(index, structured_result.ChoiceTrace(plan.structure, tokenizer))
+                trace.add(out.text, samples)
+                if out.finished:
+                    choice.ctxfuse = trace.finish(out.finish_reason).result
             yield sse_event(chunk([choice]))
         if include_usage:
             final = Completion(

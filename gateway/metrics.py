@@ -51,6 +51,14 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "ctxfuse_prefix_cache_hits", "Prompt tokens served from the prefix cache", s.prefix_hit_tokens
         )
+        yield CounterMetricFamily(
+            "ctxfuse_grammar_cache_hits",
+            "Structured requests whose grammar was compiled already",
+            s.grammar_cache_hits,
+        )
+        yield CounterMetricFamily(
+            "ctxfuse_grammar_compilations", "Grammars compiled (grammar cache misses)", s.grammar_cache_misses
+        )
 
 
 class Metrics:

@@ -23,7 +23,7 @@ from shared.protocol import (
     TokenizeResponse,
 )
 
-from . import chat, completions
+from . import chat, chat_stream, completions
 from .backend import Generation
 from .decode import decode_body
 from .disconnect import cancel_on_disconnect
@@ -70,11 +70,13 @@ async def chat_completions(request: AnyRequest) -> Response[Any]:
     reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        stream = sse_stream(chat.stream_response(gen, plan, reply, meter, include_usage))
+        stream = sse_stream(chat_stream.stream_response(gen, plan, reply, meter, include_usage, backend))
         stream.background = _closer(gen)  # in case the body never starts (client gone first)
         return stream
     try:
-        body = await cancel_on_disconnect(request.receive, chat.whole_response(gen, plan, reply, meter))
+        body = await cancel_on_disconnect(
+            request.receive, chat.whole_response(gen, plan, reply, meter, backend)
+        )
     finally:
         gen.close()
     return _json(body)
@@ -95,12 +97,14 @@ async def create_completion(request: AnyRequest) -> Response[Any]:
     reply = Reply.new("cmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        stream = sse_stream(completions.stream_response(gens, plan, reply, meter, include_usage))
+        stream = sse_stream(
+            completions.stream_response(gens, plan, reply, meter, include_usage, backend.tokenizer)
+        )
         stream.background = _closer(*gens)
         return stream
     try:
         body = await cancel_on_disconnect(
-            request.receive, completions.whole_response(gens, plan, reply, meter)
+            request.receive, completions.whole_response(gens, plan, reply, meter, backend.tokenizer)
         )
     finally:
         for g in gens:

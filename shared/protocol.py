@@ -27,15 +27,53 @@ class ChatMessage(Struct, kw_only=True, omit_defaults=True):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
 
 
+class JsonSchemaSpec(Struct, kw_only=True):
+    name: str = "response"
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    strict: bool | None = None  # we enforce every schema we accept, strict or not
+    description: str | None = None
+
+
 class ResponseFormat(Struct, kw_only=True):
-    type: str = "text"
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaSpec | None = None
+
+
+class FunctionDef(Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # None: no arguments (an empty object)
+    strict: bool | None = None
+
+
+class Tool(Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class CtxfuseOptions(Struct, kw_only=True):
+    """Our extensions, under the request's `ctxfuse` key."""
+
+    field_confidence: bool = False  # structured output: a confidence per leaf field of the JSON
 
 
 class SamplingFields(Struct, kw_only=True):
@@ -58,6 +96,8 @@ class SamplingFields(Struct, kw_only=True):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    response_format: ResponseFormat | None = None
+    ctxfuse: CtxfuseOptions | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -66,7 +106,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -125,10 +167,32 @@ class ChoiceLogprobs(Struct, kw_only=True):
     refusal: list[TokenLogprob] | None = None
 
 
+class FunctionCall(Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Struct, kw_only=True):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class StructuredResult(Struct, kw_only=True, omit_defaults=True):
+    """ctxfuse's report on a structured choice (response_format json_* or tools), under `ctxfuse`."""
+
+    # the output is complete and satisfies its schema (for tools: every call's arguments do)
+    valid: bool
+    error: str | None = None  # why it is not valid
+    # JSON Pointer of each leaf field -> probability of the tokens that wrote its value (when asked)
+    field_confidence: dict[str, float] | None = None
+
+
 class AssistantMessage(Struct, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
 class ChatChoice(Struct, kw_only=True):
@@ -136,6 +200,7 @@ class ChatChoice(Struct, kw_only=True):
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    ctxfuse: StructuredResult | UnsetType = UNSET
 
 
 class ChatCompletion(Struct, kw_only=True):
@@ -148,9 +213,22 @@ class ChatCompletion(Struct, kw_only=True):
     system_fingerprint: str | None = None
 
 
+class FunctionCallDelta(Struct, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str = ""
+
+
+class ToolCallDelta(Struct, kw_only=True):
+    index: int
+    function: FunctionCallDelta
+    id: str | UnsetType = UNSET  # the first delta of a call carries its id, type and name
+    type: Literal["function"] | UnsetType = UNSET
+
+
 class ChunkDelta(Struct, kw_only=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChunkChoice(Struct, kw_only=True):
@@ -158,6 +236,7 @@ class ChunkChoice(Struct, kw_only=True):
     delta: ChunkDelta
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    ctxfuse: StructuredResult | UnsetType = UNSET  # on the choice's last chunk
 
 
 class ChatCompletionChunk(Struct, kw_only=True):
@@ -183,6 +262,7 @@ class CompletionChoice(Struct, kw_only=True):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    ctxfuse: StructuredResult | UnsetType = UNSET
 
 
 class Completion(Struct, kw_only=True):

@@ -12,9 +12,11 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
+from xgrammar import CompiledGrammar
 
 from .config import EngineConfig
 from .core import EngineCore, EngineStats
@@ -34,6 +36,7 @@ class _Add:
     priority: int
     sink: Sink
     accepted: threading.Event
+    grammar: CompiledGrammar | None = None
     error: Exception | None = None
 
 
@@ -78,6 +81,7 @@ class AsyncEngine:
         self.core = core
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
+        self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ctxfuse-grammar")
         self._thread = threading.Thread(target=self._loop, name="ctxfuse-engine", daemon=True)
         self._stopped = False
         self._thread.start()
@@ -96,12 +100,16 @@ class AsyncEngine:
         *,
         request_id: str | None = None,
         priority: int = 0,
+        grammar: CompiledGrammar | None = None,
     ) -> str:
         """Queue a request; `sink` receives its outputs on the engine thread. Raises the client's
-        mistake (or QueueFullError) here, before any work."""
+        mistake (or QueueFullError) here, before any work. `grammar`: params.grammar compiled;
+        compiled here, on the caller's thread, when not given (never on the engine thread)."""
         rid = request_id or self.core.next_request_id()
         self.core.check(prompt_token_ids, params)
-        cmd = _Add(rid, prompt_token_ids, params, priority, sink, threading.Event())
+        if grammar is None:
+            grammar = self.core.compile_grammar(params)
+        cmd = _Add(rid, prompt_token_ids, params, priority, sink, threading.Event(), grammar)
         self._commands.put(cmd)
         cmd.accepted.wait()
         if cmd.error is not None:
@@ -121,11 +129,18 @@ class AsyncEngine:
     ) -> RequestStream:
         """Submit a request and return its output stream once the engine has accepted it. Refusals
         (the client's mistake, QueueFullError) raise here, before any output exists."""
+        grammar = await self.compile_grammar(params)
         stream = RequestStream(self, params.n)
         # submit waits for the engine thread to take the command (at most one step): run it off the loop
         accepted = asyncio.ensure_future(
             asyncio.to_thread(
-                self.submit, prompt_token_ids, params, stream.sink, request_id=request_id, priority=priority
+                self.submit,
+                prompt_token_ids,
+                params,
+                stream.sink,
+                request_id=request_id,
+                priority=priority,
+                grammar=grammar,
             )
         )
         try:
@@ -135,6 +150,18 @@ class AsyncEngine:
             accepted.add_done_callback(self._abort_accepted)
             raise
         return stream
+
+    async def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """params.grammar compiled: from the cache at once, else on the grammar threads, so a schema
+        that is slow to compile holds up neither the event loop, the engine, nor other submissions."""
+        spec = params.grammar
+        if spec is None:
+            return None
+        cached = self.core.grammars.cached(spec)
+        if cached is not None:
+            return cached
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._grammar_pool, self.core.grammars.compile, spec)
 
     def _abort_accepted(self, accepted: asyncio.Future[str]) -> None:
         if not accepted.cancelled() and accepted.exception() is None:
@@ -167,13 +194,16 @@ class AsyncEngine:
             self._stopped = True
             self._commands.put(None)
             self._thread.join(timeout)
+            self._grammar_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- engine thread ------------------------------------------------------------------------
 
     def _apply(self, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Add):
             try:
-                self.core.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority)
+                self.core.add_request(
+                    cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority, cmd.grammar
+                )
                 self._sinks[cmd.request_id] = cmd.sink
             except Exception as exc:  # refused: the submitter re-raises it
                 cmd.error = exc

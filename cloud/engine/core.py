@@ -11,7 +11,12 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, replace
+from typing import Any
 
+from xgrammar import CompiledGrammar
+
+from cloud.grammar.compiler import GrammarCompiler
+from cloud.grammar.tool_prompt import messages_with_tools, template_messages, template_takes_tools
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.linear import plan_weights
 from cloud.model.llama import LlamaModel
@@ -53,6 +58,8 @@ class EngineStats:
     kv_bytes_per_token: float
     prefix_queried_tokens: int
     prefix_hit_tokens: int
+    grammar_cache_hits: int = 0
+    grammar_cache_misses: int = 0  # grammars compiled
 
 
 class EngineCore:
@@ -100,6 +107,7 @@ class EngineCore:
             self.kv_plan, c, dtype, lambda b: self.pool.blocks[b].ref_count == 0, config.max_num_seqs
         )
         self.sampler = Sampler()
+        self.grammars = GrammarCompiler(self.tokenizer, c.vocab_size)
         self.runner = ModelRunner(
             self.model, self.cache, self._attention(), self.sampler, self.overflow.sink_blocks
         )
@@ -118,9 +126,17 @@ class EngineCore:
         return dense
 
     def encode_chat(
-        self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
     ) -> list[int]:
-        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
+        """Prompt ids for a conversation; tools go into the prompt as the template allows
+        (cloud/grammar/tool_prompt.py)."""
+        if template_takes_tools(self.chat_template.source):
+            text = self.chat_template.render(template_messages(messages), tools=tools or None)
+        else:
+            text = self.chat_template.render(messages_with_tools(messages, tools, tool_choice))
         return self.tokenizer.encode(text, add_special=False)
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
@@ -149,11 +165,24 @@ class EngineCore:
                 param="max_tokens",
             )
 
+    def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The compiled grammar a request needs (cached by spec); raises InvalidRequestError when its
+        spec cannot be compiled. Call it off the engine thread: compiling can take a while."""
+        return None if params.grammar is None else self.grammars.compile(params.grammar)
+
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
-        """Queue a request (its n choices share the prompt's blocks). Raises on bad input or a full queue."""
+        """Queue a request (its n choices share the prompt's blocks). Raises on bad input or a full queue.
+        `grammar` is params.grammar compiled (compile_grammar); compiled here when not given."""
         self.check(prompt_token_ids, params)
+        if grammar is None:
+            grammar = self.compile_grammar(params)
         prompt_token_ids, dropped = self.overflow.fit(prompt_token_ids, params)
         if request_id in self._children:
             raise InvalidRequestError(f"request id {request_id} is already in use")
@@ -171,7 +200,7 @@ class EngineCore:
             if p.seed is None and not p.greedy:
                 p = replace(p, seed=self._rng.getrandbits(63))
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
-            req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first)
+            req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first, grammar=grammar)
             req.num_truncated_tokens = dropped
             req.sliding = self.overflow.slides(len(prompt_token_ids), params.max_tokens)
             first = first or req
@@ -214,6 +243,9 @@ class EngineCore:
 
     def _emit(self, ev: TokenEvent, res: SampleResult) -> RequestOutput:
         req = ev.request
+        if res.rejected:  # never let output that left its grammar through as if it were fine
+            self.scheduler.finish(req.request_id, FinishReason.ERROR)
+            return self._final(req, FinishReason.ERROR, "engine error: the grammar rejected a sampled token")
         choice = self._choices[req.request_id]
         stop_token = ev.finish is FinishReason.STOP and ev.token_id in self._stop_ids(req)
         text, hit_stop = choice.text.add(ev.token_id, emit_text=not stop_token)
@@ -225,7 +257,7 @@ class EngineCore:
             finish = FinishReason.STOP if hit_stop else finish
             text += choice.text.flush()
         o = make_output(req, choice.parent_id, choice.index, text, [ev.token_id], finish)
-        if req.params.logprobs is not None:
+        if req.params.logprobs is not None or req.params.constrained_logprobs:
             o.logprobs = [res]
         if choice.prompt_logprobs is not None and len(req.output_token_ids) == 1:
             first = SampleResult(req.prompt_token_ids[0])  # nothing precedes it: no logprob
@@ -281,6 +313,8 @@ class EngineCore:
             kv_bytes_per_token=self.kv_bytes_per_token,
             prefix_queried_tokens=self.scheduler.prefix_queried_tokens,
             prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
+            grammar_cache_hits=self.grammars.hits,
+            grammar_cache_misses=self.grammars.misses,
         )
 
     def next_request_id(self) -> str:

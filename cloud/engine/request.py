@@ -10,8 +10,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # the grammar engine is imported only where grammars are compiled and applied
+    from xgrammar import CompiledGrammar
+
+    from cloud.grammar.spec import GrammarSpec
 
 
 @dataclass(slots=True)
@@ -32,6 +38,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's plus the top k
     prompt_logprobs: int | None = None  # the same for every prompt token (computes the whole prompt)
     n: int = 1
+    grammar: GrammarSpec | None = None  # the output must follow this grammar (JSON schema, tool calls)
+    # also report each chosen token's logprob under the grammar-masked distribution
+    constrained_logprobs: bool = False
 
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -61,6 +70,11 @@ class SamplingParams:
                 raise InvalidRequestError(f"{param} names a token id outside the vocabulary", param=param)
         if any(not -100 <= b <= 100 for b in self.logit_bias.values()):
             raise InvalidRequestError("logit_bias values must be in [-100, 100]", param="logit_bias")
+        if self.grammar is not None and self.ignore_eos:
+            # the grammar allows only the end-of-turn token once it is complete: nothing could follow
+            raise InvalidRequestError(
+                "ignore_eos cannot be combined with structured output", param="ignore_eos"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -91,6 +105,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     # Start only once this request (an n > 1 sibling) has its prompt cached: then it reuses those blocks.
     wait_for: Request | None = None
+    grammar: CompiledGrammar | None = None  # compiled from params.grammar; its matcher lives in the sampler
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -1,6 +1,9 @@
 """Turns next-token logits into tokens, per request: logit bias, penalties, greedy or temperature
 sampling with top-k / top-p / min-p, and logprobs.
 
+A request with a grammar has its forbidden tokens masked (-inf) for the whole batch at once before
+any rule runs, so greedy, sampling and penalties all choose among allowed tokens only.
+
 Reproducibility: each request owns a torch.Generator (seeded from its `seed`, else at random) that
 is consumed once per sampled token, so a seeded request samples the same tokens whatever else
 shares its batch. Logprobs are those of the model's own distribution (before penalties and
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .grammar_mask import GrammarMasks
 from .request import Request, SamplingParams
 
 
@@ -22,11 +26,14 @@ class SampleResult:
     token_id: int
     logprob: float | None = None  # of the chosen token, when logprobs were asked for
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    constrained_logprob: float | None = None  # under the grammar-masked distribution, when asked
+    rejected: bool = False  # the request's grammar refused the token: the request must end in error
 
 
 class Sampler:
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars = GrammarMasks()
 
     @staticmethod
     def score(logits: torch.Tensor, targets: list[int], tops: list[int]) -> list[SampleResult]:
@@ -34,6 +41,7 @@ class Sampler:
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self.grammars.forget(request_id)
 
     def _generator(self, req: Request) -> torch.Generator:
         g = self._generators.get(req.request_id)
@@ -48,6 +56,8 @@ class Sampler:
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        logits, rows = self.grammars.apply(logits, requests)
+        constrained = set(rows)
         # plain greedy rows (the common case in batches) take one batched argmax
         plain = [i for i, r in enumerate(requests) if r.params.greedy and not _needs_penalties(r.params)]
         fast = dict(zip(plain, logits[plain].argmax(dim=-1).tolist(), strict=True)) if plain else {}
@@ -61,6 +71,10 @@ class Sampler:
                 lp = raw_logprobs[row]
                 res.logprob = float(lp[token])
                 res.top_logprobs = _top(lp, req.params.logprobs)
+            if row in constrained:
+                if req.params.constrained_logprobs:
+                    res.constrained_logprob = float(torch.log_softmax(logits[row], dim=-1)[token])
+                res.rejected = not self.grammars.accept(req, token)
             results.append(res)
         return results
 

@@ -136,6 +136,8 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        # GPT-2 style byte-level vocabulary ("Ġthe"), as grammar engines need to know
+        self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         ends = {backend.token_to_id(name) for name in _END_OF_TURN_NAMES} | {eos_id}
         self.eos_ids: frozenset[int] = frozenset(i for i in ends if i is not None)
         added = backend.get_added_tokens_decoder()

@@ -66,7 +66,12 @@ class InstantBackend:
         self.model_name = MODEL_NAME
         self.tokenizer = byte_level_tokenizer()
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
+    ) -> list[int]:
         return self.tokenizer.encode(" ".join(str(m.get("content", "")) for m in messages))
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:

@@ -40,7 +40,12 @@ class FakeBackend:
     queue_full: bool = False
     generations: list[ScriptedGeneration] = field(default_factory=list)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
+    ) -> list[int]:
         return self.tokenizer.encode(" ".join(str(m["content"]) for m in messages))
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:

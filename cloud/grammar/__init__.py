@@ -1,0 +1,1 @@
+"""Structured output: JSON-schema and tool-call grammars, what they can enforce, and reading results."""

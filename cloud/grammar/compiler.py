@@ -1,0 +1,109 @@
+"""Compiling grammar specs for one tokenizer, with a bounded cache keyed by the spec.
+
+Compilation never runs on the engine thread: AsyncEngine compiles on its grammar threads before it
+queues a request, so a slow schema delays only requests that wait for a grammar, never a step.
+Concurrent requests with the same spec wait for one compilation (single flight); a failed
+compilation is not cached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+
+import xgrammar as xgr
+
+from cloud.model.tokenizer import Tokenizer
+from shared.errors import InvalidRequestError
+
+from .formats import grammar_schema
+from .schema_paths import RefError
+from .spec import GrammarSpec
+from .tool_grammar import tool_call_structural_tag
+
+# xgrammar prefixes its C++ messages with "[hh:mm:ss] /path/file.cc:123: "; the rest is the reason
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
+    """The vocabulary as xgrammar reads it. Control tokens are given as empty strings, which xgrammar
+    treats as special: never allowed inside the grammar (a JSON string may not hold <|im_start|>), only
+    as stop tokens at its end."""
+    encoded = [
+        "" if i in tokenizer.special_ids else (tokenizer.id_to_token(i) or "") for i in range(vocab_size)
+    ]
+    kind = xgr.VocabType.BYTE_LEVEL if tokenizer.byte_level else xgr.VocabType.RAW
+    return xgr.TokenizerInfo(encoded, kind, vocab_size=vocab_size, stop_token_ids=sorted(tokenizer.eos_ids))
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, cache_size: int = 512) -> None:
+        self.vocab_size = vocab_size
+        # xgrammar's own cache is unbounded by default; ours is bounded and keyed by the whole spec
+        self._compiler = xgr.GrammarCompiler(
+            tokenizer_info(tokenizer, vocab_size), max_threads=2, cache_enabled=False
+        )
+        self._cache: OrderedDict[str, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def cached(self, spec: GrammarSpec) -> xgr.CompiledGrammar | None:
+        """The compiled grammar if it is ready now, else None (never waits)."""
+        with self._lock:
+            done = self._cache.get(spec.key)
+        if done is None or not done.done() or done.exception() is not None:
+            return None
+        with self._lock:
+            self._cache.move_to_end(spec.key)
+            self.hits += 1
+        return done.result()
+
+    def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        """The compiled grammar for `spec`; raises InvalidRequestError if it cannot be compiled."""
+        key = spec.key
+        with self._lock:
+            pending = self._cache.get(key)
+            owner = pending is None
+            if pending is None:
+                pending = self._cache[key] = Future()
+                self.misses += 1
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+                self.hits += 1
+        if owner:
+            try:
+                pending.set_result(self._compile(spec))
+            except Exception as exc:
+                with self._lock:
+                    self._cache.pop(key, None)
+                pending.set_exception(exc)
+        return pending.result()
+
+    def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        try:
+            if spec.kind == "json_schema":
+                schema = json.dumps(grammar_schema(json.loads(spec.source)))
+                return self._compiler.compile_json_schema(
+                    schema, any_whitespace=False, strict_mode=spec.strict
+                )
+            return self._compiler.compile_structural_tag(tool_call_structural_tag(spec.source))
+        except (RuntimeError, ValueError, RefError) as exc:
+            raise InvalidRequestError(
+                f"the schema cannot be compiled into a grammar: {_reason(exc)}",
+                param=spec.origin,
+                code="invalid_schema",
+            ) from exc
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, RefError):
+        return f"$ref {exc.ref!r} {exc.detail}"
+    text = str(exc).strip()
+    return _LOG_PREFIX.sub("", text.splitlines()[0]) if text else type(exc).__name__

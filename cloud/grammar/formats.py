@@ -1,0 +1,48 @@
+"""String formats the grammar does not check exactly, rewritten as patterns it does.
+
+xgrammar 0.2.9 shapes `date`, `time`, `date-time` and `ipv4` loosely (it writes 2024-02-30,
+22:59:60Z and 01.2.3.4), and a format it does not enforce would have to be refused. These patterns
+accept exactly the valid values, leap years included, or a subset of them (no leap seconds; only
+"T" and "Z" in upper case), so the grammar compiled from the rewritten schema never lets an invalid
+value through. The finished output is still checked against the schema as sent.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .schema_paths import reachable
+
+_DAY_31 = "(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
+_DAY_30 = "(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+_DAY_FEB = "02-(0[1-9]|1[0-9]|2[0-8])"
+# Gregorian leap years: divisible by 4 but not by 100, or by 400
+_LEAP_DAY = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29"
+DATE = f"([0-9]{{4}}-({_DAY_31}|{_DAY_30}|{_DAY_FEB})|{_LEAP_DAY})"
+TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+
+FORMAT_PATTERNS = {
+    "date": DATE,
+    "time": TIME,
+    "date-time": f"{DATE}T{TIME}",
+    "ipv4": f"{_OCTET}(\\.{_OCTET}){{3}}",
+}
+
+
+def grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a checked schema (schema_support.check_schema) with each of these formats replaced
+    by its pattern; the checker allows neither a pattern nor a length beside a format."""
+    out = copy.deepcopy(schema)
+    for node, _ in reachable(out):
+        fmt = node.get("format")
+        if isinstance(fmt, str) and fmt in FORMAT_PATTERNS and "string" in _types(node):
+            del node["format"]
+            node["pattern"] = FORMAT_PATTERNS[fmt]
+    return out
+
+
+def _types(node: dict[str, Any]) -> list[str]:
+    t = node.get("type")
+    return [t] if isinstance(t, str) else list(t) if isinstance(t, list) else []
