@@ -10,7 +10,9 @@ from dataclasses import asdict
 
 import pytest
 
-from cloud.bench.structured_bench import FULL, QUICK, Sizes, add_structured_parser, run
+from cloud.bench.structured_bench import add_structured_parser
+from cloud.bench.structured_results import FULL, QUICK, Sizes
+from cloud.bench.structured_run import run
 from cloud.bench.structured_schemas import SCHEMAS
 from cloud.engine.config import EngineConfig
 from cloud.model.loading import LoadedModel
