@@ -235,9 +235,14 @@ def _connection_counts(text: str) -> list[int]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from ctxfuse.edge_cli import check_edge_listener
     from gateway.config import GatewayConfig
     from gateway.server import serve
 
+    problem = check_edge_listener(args)
+    if problem:
+        print(f"ctxfuse: {problem}", file=sys.stderr)
+        return 2
     gateway = GatewayConfig(
         host=args.host,
         port=args.port,
@@ -246,6 +251,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mib * 2**20),
         shutdown_timeout_s=args.shutdown_timeout,
         log_level=args.log_level,
+        edge_host=args.edge_host,
+        edge_port=args.edge_port,
+        tls_dir=args.tls_dir,
+        chunk_store=args.chunk_store,
+        chunk_store_mib=args.chunk_store_mib,
     )
     return serve(engine_config(args), gateway)
 
@@ -347,8 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the OpenAI-compatible gateway with an in-process engine (default model on 127.0.0.1:8000)",
     )
     add_gateway_options(sv)
+    from ctxfuse.edge_cli import add_edge_listener_options, add_edge_parser
+
+    add_edge_listener_options(sv)
     add_engine_options(sv)
     sv.set_defaults(func=_cmd_serve)
+    add_edge_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     be = bench.add_parser(
@@ -371,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cloud.bench.structured_bench import add_structured_parser
 
     add_structured_parser(bench)
+    from ctxfuse.certs_cli import add_certs_parser
+
+    add_certs_parser(sub)
     return parser
 
 

@@ -22,8 +22,11 @@ from .openapi import document_bodies
 from .state import Gateway
 
 
-def create_app(backend: Backend, config: GatewayConfig) -> tuple[ASGIApp, Gateway]:
-    gateway = Gateway(backend, config)
+def create_app(
+    backend: Backend, config: GatewayConfig, gateway: Gateway | None = None
+) -> tuple[ASGIApp, Gateway]:
+    """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py)."""
+    gateway = gateway or Gateway(backend, config)
     app = Litestar(
         route_handlers=[*openai_routes.ROUTES, *ops_routes.ROUTES],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

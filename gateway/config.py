@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -16,6 +17,12 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 2**20  # larger bodies get a 413 before they are read
     shutdown_timeout_s: float = 30.0  # on SIGTERM: how long running requests may take to finish
     log_level: str = "info"
+    # the edge listener (mutual TLS, edge routes only); off unless a port is given
+    edge_host: str = "0.0.0.0"
+    edge_port: int | None = None
+    tls_dir: Path | None = None  # CA, server certificate and key, revocation list (ctxfuse certs)
+    chunk_store: Path | None = None  # the edge link's chunks (SQLite); default under CTXFUSE_HOME
+    chunk_store_mib: float = 1024.0  # bound on stored chunk bytes; least recently used go first
 
     @property
     def is_loopback(self) -> bool:

@@ -88,6 +88,12 @@ class Metrics:
         self.http_requests = Counter(
             "ctxfuse_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
+        self.edge_bytes = Counter(
+            "ctxfuse_edge_received_bytes",
+            "Request bytes received on the edge link, by device",
+            ["device"],
+            registry=r,
+        )
         r.register(_EngineCollector(stats))
 
     def render(self) -> bytes:

@@ -58,9 +58,14 @@ def _annotate_request(gw: Gateway, req: chat.ChatCompletionRequest | CompletionR
 @post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI)")
 async def chat_completions(request: AnyRequest) -> Response[Any]:
     arrival = time.monotonic()
+    return await serve_chat(request, await request.body(), arrival)
+
+
+async def serve_chat(request: AnyRequest, raw: bytes, arrival: float) -> Response[Any]:
+    """A chat completion for the JSON body `raw` (from the route, or reassembled from the edge link)."""
     gw = gateway_of(request)
     backend = gw.backend_for_work()
-    req = decode_body(await request.body(), ChatCompletionRequest)
+    req = decode_body(raw, ChatCompletionRequest)
     gw.check_model(req.model)
     _annotate_request(gw, req)
     plan = chat.plan_chat(req, backend)
@@ -85,9 +90,14 @@ async def chat_completions(request: AnyRequest) -> Response[Any]:
 @post("/v1/completions", status_code=200, summary="Create a completion (OpenAI, legacy)")
 async def create_completion(request: AnyRequest) -> Response[Any]:
     arrival = time.monotonic()
+    return await serve_completion(request, await request.body(), arrival)
+
+
+async def serve_completion(request: AnyRequest, raw: bytes, arrival: float) -> Response[Any]:
+    """A legacy completion for the JSON body `raw` (from the route, or reassembled from the edge link)."""
     gw = gateway_of(request)
     backend = gw.backend_for_work()
-    req = decode_body(await request.body(), CompletionRequest)
+    req = decode_body(raw, CompletionRequest)
     gw.check_model(req.model)
     _annotate_request(gw, req)
     plan = completions.plan_completion(req, backend)

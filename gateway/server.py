@@ -7,11 +7,14 @@ uvicorn cancels whatever still runs after that, and cancelled requests are abort
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import structlog
@@ -21,6 +24,7 @@ from cloud.engine.config import EngineConfig
 
 from .app import create_app
 from .backend import Backend, InProcessBackend
+from .chunk_store import ChunkStore
 from .config import GatewayConfig
 from .logs import configure_logging
 from .state import Gateway
@@ -35,6 +39,7 @@ class GatewayServer(uvicorn.Server):
         super().__init__(config)
         self.gateway = gateway
         self.announce = on_started
+        self.companions: list[uvicorn.Server] = []  # the edge listener: stopped with this server
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -54,6 +59,8 @@ class GatewayServer(uvicorn.Server):
         if not self.gateway.draining:
             log.info("draining", signal=sig, timeout_s=self.config.timeout_graceful_shutdown)
         self.gateway.draining = True
+        for companion in self.companions:
+            companion.handle_exit(sig, frame)
         super().handle_exit(sig, frame)
 
     @property
@@ -85,9 +92,33 @@ def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
     )
 
 
-def build_server(backend: Backend, config: GatewayConfig, announce: bool = True) -> GatewayServer:
-    app, gateway = create_app(backend, config)
+def build_server(
+    backend: Backend, config: GatewayConfig, announce: bool = True, chunk_store: ChunkStore | None = None
+) -> GatewayServer:
+    app, gateway = create_app(backend, config, Gateway(backend, config, chunk_store))
     return GatewayServer(uvicorn_config(app, config), gateway, announce)
+
+
+def open_chunk_store(config: GatewayConfig) -> ChunkStore:
+    home = Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
+    return ChunkStore(config.chunk_store or home / "chunks.sqlite", int(config.chunk_store_mib * 2**20))
+
+
+def run_servers(server: GatewayServer) -> None:
+    """Run the gateway, and its edge listener when configured, until a signal stops them."""
+    if server.gateway.config.edge_port is None:
+        server.run()
+        return
+    from .edge_server import build_edge_server
+
+    edge = build_edge_server(server.gateway)
+    server.companions.append(edge)
+
+    async def both() -> None:
+        await asyncio.gather(server.serve(), edge.serve())
+
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(both())
 
 
 def serve(engine_config: EngineConfig, config: GatewayConfig) -> int:
@@ -101,9 +132,12 @@ def serve(engine_config: EngineConfig, config: GatewayConfig) -> int:
     print("ctxfuse: loading the model ...", file=sys.stderr, flush=True)
     backend = InProcessBackend.from_config(engine_config)
     print(f"ctxfuse: {backend.engine.core.kv_plan.describe()}", file=sys.stderr, flush=True)
-    server = build_server(backend, config)
+    store = open_chunk_store(config) if config.edge_port is not None else None
+    server = build_server(backend, config, chunk_store=store)
     try:
-        server.run()
+        run_servers(server)
     finally:
         backend.shutdown()
+        if store is not None:
+            store.close()
     return 0 if server.started else 1

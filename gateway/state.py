@@ -8,6 +8,7 @@ import time
 from shared.errors import NotFoundError
 
 from .backend import Backend
+from .chunk_store import ChunkStore
 from .config import GatewayConfig
 from .errors import ServiceUnavailableError
 from .logprobs import TokenTexts
@@ -15,8 +16,11 @@ from .metrics import Metrics
 
 
 class Gateway:
-    def __init__(self, backend: Backend, config: GatewayConfig) -> None:
+    def __init__(
+        self, backend: Backend, config: GatewayConfig, chunk_store: ChunkStore | None = None
+    ) -> None:
         self.backend = backend
+        self.chunk_store = chunk_store  # the edge link's chunks (when the edge listener runs)
         self.config = config
         self.metrics = Metrics(backend.stats)
         self.texts = TokenTexts(backend.tokenizer)

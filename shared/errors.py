@@ -6,6 +6,8 @@ the engine raises the same classes so a client mistake is named before any work 
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CtxfuseError(Exception):
     status: int = 500
@@ -17,7 +19,7 @@ class CtxfuseError(Exception):
         self.param = param
         self.code = code
 
-    def to_openai(self) -> dict[str, dict[str, str | None]]:
+    def to_openai(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 

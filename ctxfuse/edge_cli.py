@@ -1,0 +1,93 @@
+"""The edge options of `ctxfuse serve` (the gateway's mutual-TLS listener) and `ctxfuse edge` (the
+agent on a device)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_edge_listener_options(p: argparse.ArgumentParser) -> None:
+    from gateway.config import GatewayConfig
+
+    d = GatewayConfig()
+    g = p.add_argument_group("edge listener (mutual TLS, for `ctxfuse edge` agents)")
+    g.add_argument(
+        "--edge-port", type=int, default=None, help="serve the edge link on this port (default off)"
+    )
+    g.add_argument(
+        "--edge-host", default=d.edge_host, help=f"address of the edge listener (default {d.edge_host})"
+    )
+    g.add_argument(
+        "--tls-dir", type=Path, default=None, help="the directory `ctxfuse certs` made (CA, server cert, CRL)"
+    )
+    g.add_argument(
+        "--chunk-store",
+        type=Path,
+        default=None,
+        help="SQLite file of edge chunks (default CTXFUSE_HOME/chunks.sqlite)",
+    )
+    g.add_argument(
+        "--chunk-store-mib",
+        type=float,
+        default=d.chunk_store_mib,
+        help=f"bound on stored chunk bytes; least recently used go first (default {d.chunk_store_mib:g})",
+    )
+
+
+def check_edge_listener(args: argparse.Namespace) -> str | None:
+    """Why the edge options do not fit together, or None."""
+    if args.edge_port is not None and args.tls_dir is None:
+        return "--edge-port needs --tls-dir (make one with `ctxfuse certs init`)"
+    return None
+
+
+def _cmd_edge(args: argparse.Namespace) -> int:
+    from edge.config import EdgeConfig
+    from edge.server import agent_server
+
+    config = EdgeConfig(
+        gateway_url=args.gateway,
+        tls_dir=args.tls_dir,
+        name=args.name,
+        host=args.host,
+        port=args.port,
+        state_dir=args.state_dir,
+        chunk_threshold=args.chunk_threshold,
+    )
+    server = agent_server(config, args.log_level)
+    print(
+        f"ctxfuse edge: {config.name} -> {config.gateway_url}; apps use base_url=http://{config.host}:{config.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run()
+    return 0
+
+
+def add_edge_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from edge.config import EdgeConfig
+
+    d = EdgeConfig(gateway_url="", tls_dir=Path(), name="")
+    p = sub.add_parser(
+        "edge", help="the device agent: a local OpenAI proxy that uploads only what the cloud lacks"
+    )
+    p.add_argument("--gateway", required=True, help="the gateway's edge listener, e.g. https://gateway:8443")
+    p.add_argument(
+        "--tls-dir", type=Path, required=True, help="CA certificate and this device's certificate and key"
+    )
+    p.add_argument("--name", required=True, help="this device's name, as its certificate was issued")
+    p.add_argument("--host", default=d.host, help=f"address apps connect to (default {d.host})")
+    p.add_argument("--port", type=int, default=d.port, help=f"port apps connect to (default {d.port})")
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="acknowledged chunks (default CTXFUSE_HOME/edge)"
+    )
+    p.add_argument(
+        "--chunk-threshold",
+        type=int,
+        default=d.chunk_threshold,
+        help=f"strings of at least this many bytes travel as chunks (default {d.chunk_threshold})",
+    )
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    p.set_defaults(func=_cmd_edge)

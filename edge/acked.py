@@ -1,0 +1,64 @@
+"""Which chunks the gateway has acknowledged: a bounded, persisted set of digests (SQLite, least
+recently used first out). It is a hint, never a promise: the gateway may have evicted a chunk since,
+and then answers 409 with what it lacks, which the uplink sends."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class AckedChunks:
+    def __init__(self, path: Path, max_entries: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS acked (digest BLOB PRIMARY KEY, used INTEGER NOT NULL)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS acked_used ON acked (used)")
+        self._lock = threading.Lock()
+        self._max = max_entries
+        row = self._db.execute("SELECT COALESCE(MAX(used), 0) FROM acked").fetchone()
+        self._clock = int(row[0])
+
+    def known(self, digests: Iterable[bytes]) -> set[bytes]:
+        wanted = list(dict.fromkeys(digests))
+        found: set[bytes] = set()
+        with self._lock:
+            for start in range(0, len(wanted), 500):  # SQLite's bound on query parameters
+                part = wanted[start : start + 500]
+                marks = ",".join("?" * len(part))
+                rows = self._db.execute(f"SELECT digest FROM acked WHERE digest IN ({marks})", part)
+                found.update(bytes(r[0]) for r in rows)
+        return found
+
+    def add(self, digests: Iterable[bytes]) -> None:
+        with self._lock, self._db:
+            for d in dict.fromkeys(digests):
+                self._clock += 1
+                self._db.execute(
+                    "INSERT INTO acked (digest, used) VALUES (?, ?) "
+                    "ON CONFLICT(digest) DO UPDATE SET used = excluded.used",
+                    (d, self._clock),
+                )
+            (count,) = self._db.execute("SELECT COUNT(*) FROM acked").fetchone()
+            if count > self._max:
+                self._db.execute(
+                    "DELETE FROM acked WHERE digest IN (SELECT digest FROM acked ORDER BY used LIMIT ?)",
+                    (count - self._max,),
+                )
+
+    def forget(self, digests: Iterable[bytes]) -> None:
+        """The gateway said it lacks these: stop believing it holds them."""
+        with self._lock, self._db:
+            self._db.executemany("DELETE FROM acked WHERE digest = ?", [(d,) for d in digests])
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM acked").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,167 @@
+"""`ctxfuse edge`: an OpenAI-compatible proxy on the device's loopback. Apps change only `base_url`;
+the agent forwards chat and completions over the edge link (edge/uplink.py), streaming included, and
+models as they are. When the gateway cannot be reached the app gets a 503 in OpenAI's error shape
+with Retry-After, never a hang or a bare connection error.
+
+Metrics at /metrics: ctxfuse_edge_request_bytes_total (request bytes received from apps) and
+ctxfuse_edge_upload_bytes_total (bytes sent to the gateway, after dedup and compression).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
+from litestar.datastructures import State
+from litestar.response import Stream
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from shared.tls import client_context
+
+from .acked import AckedChunks
+from .config import EdgeConfig
+from .encode import Endpoint
+from .uplink import GatewayUnreachable, Uplink
+
+AnyRequest = Request[Any, Any, Any]
+JSON = "application/json"
+_PASSED_HEADERS = ("retry-after", "x-request-id")
+
+
+class Agent:
+    """The agent's state: its uplink and its counters."""
+
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.acked = AckedChunks(config.state / "acked.sqlite", config.max_acked_chunks)
+        tls = client_context(config.tls_dir, config.name)
+        self.uplink = Uplink(
+            config.gateway_url, tls, self.acked, config.chunk_threshold, config.connect_timeout_s
+        )
+        self.registry = CollectorRegistry()
+        self.request_bytes = Counter(
+            "ctxfuse_edge_request_bytes", "Request bytes received from apps", registry=self.registry
+        )
+        self.upload_bytes = Counter(
+            "ctxfuse_edge_upload_bytes",
+            "Request bytes sent to the gateway, after dedup and compression",
+            registry=self.registry,
+        )
+
+    async def close(self) -> None:
+        await self.uplink.close()
+        self.acked.close()
+
+
+def _agent(request: AnyRequest) -> Agent:
+    agent: Agent = request.app.state.agent
+    return agent
+
+
+def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response[bytes]:
+    body = {
+        "error": {
+            "message": message,
+            "type": "server_error" if status >= 500 else "invalid_request_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    return Response(msgspec.json.encode(body), status_code=status, media_type=JSON, headers=headers or {})
+
+
+def _unreachable(agent: Agent, exc: GatewayUnreachable) -> Response[bytes]:
+    return _error(
+        503,
+        f"the cloud gateway cannot be reached ({exc}); retry later",
+        "gateway_unreachable",
+        {"Retry-After": str(agent.config.retry_after_s)},
+    )
+
+
+async def _relay(resp: httpx.Response) -> Response[Any]:
+    """The gateway's answer as the app's: streamed when it streams, else whole; status and body as sent."""
+    headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
+    media = resp.headers.get("content-type", JSON)
+    if media.startswith("text/event-stream"):
+
+        async def body() -> AsyncIterator[bytes]:
+            async for piece in resp.aiter_raw():
+                yield piece
+
+        return Stream(
+            body(),
+            status_code=resp.status_code,
+            media_type=media,
+            headers=headers,
+            background=BackgroundTask(resp.aclose),
+        )
+    try:
+        content = await resp.aread()
+    finally:
+        await resp.aclose()
+    return Response(content, status_code=resp.status_code, media_type=media, headers=headers)
+
+
+async def _forward(request: AnyRequest, endpoint: Endpoint) -> Response[Any]:
+    agent = _agent(request)
+    raw = await request.body()
+    agent.request_bytes.inc(len(raw))
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        return _error(400, f"the request body is not valid JSON ({exc})", "invalid_json")
+    before = agent.uplink.uploaded_bytes
+    try:
+        resp = await agent.uplink.forward(endpoint, body)
+    except GatewayUnreachable as exc:
+        return _unreachable(agent, exc)
+    finally:
+        agent.upload_bytes.inc(agent.uplink.uploaded_bytes - before)
+    return await _relay(resp)
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: AnyRequest) -> Response[Any]:
+    return await _forward(request, "chat.completions")
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: AnyRequest) -> Response[Any]:
+    return await _forward(request, "completions")
+
+
+@get(["/v1/models", "/v1/models/{model_id:path}"])
+async def models(request: AnyRequest) -> Response[Any]:
+    agent = _agent(request)
+    try:
+        resp = await agent.uplink.get(request.url.path)
+    except GatewayUnreachable as exc:
+        return _unreachable(agent, exc)
+    return Response(
+        resp.content, status_code=resp.status_code, media_type=resp.headers.get("content-type", JSON)
+    )
+
+
+@get("/metrics")
+async def metrics(request: AnyRequest) -> Response[bytes]:
+    return Response(generate_latest(_agent(request).registry), media_type="text/plain; version=0.0.4")
+
+
+@get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def create_agent_app(agent: Agent) -> Litestar:
+    return Litestar(
+        route_handlers=[chat_completions, completions, models, metrics, health],
+        state=State({"agent": agent}),
+        on_shutdown=[agent.close],
+        openapi_config=None,
+        logging_config=None,
+    )

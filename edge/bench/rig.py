@@ -1,0 +1,88 @@
+"""The loopback rig: a throwaway CA, the gateway (plain-HTTP and mutual-TLS edge listeners sharing one
+Gateway and chunk store) over the instant fake engine, and an edge agent in front of the edge
+listener. Every server on port 0, each in its own thread; `rig()` tears all of it down on exit."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from edge.agent import Agent, create_agent_app
+from edge.config import EdgeConfig
+from gateway.bench.fake_engine import InstantBackend
+from gateway.chunk_store import ChunkStore
+from gateway.config import GatewayConfig
+from gateway.edge_server import build_edge_server
+from gateway.server import build_server
+from shared.certs import init_ca, issue_device, issue_server
+
+HOST = "127.0.0.1"
+DEVICE = "bench-device"
+STORE_BYTES = 256 * 2**20
+START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Rig:
+    agent: Agent
+    agent_url: str  # what an app on the device calls (plain HTTP)
+    gateway_url: str  # the gateway's plain-HTTP listener, for apps that call it directly
+
+
+def _start(server: uvicorn.Server, name: str) -> tuple[threading.Thread, int]:
+    """Run `server` in a thread; return the thread and the bound port once it listens."""
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"the bench's {name} did not start")
+        time.sleep(0.02)
+    return thread, int(server.servers[0].sockets[0].getsockname()[1])
+
+
+@contextmanager
+def _running(server: uvicorn.Server, name: str) -> Iterator[int]:
+    thread, port = _start(server, name)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
+def rig() -> Iterator[Rig]:
+    with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-edge-") as tmp, ExitStack() as stack:
+        tls = Path(tmp) / "tls"
+        init_ca(tls)
+        issue_server(tls, [HOST, "localhost"])
+        issue_device(tls, DEVICE)
+        store = ChunkStore(Path(tmp) / "chunks.sqlite", STORE_BYTES)
+        stack.callback(store.close)  # after the servers stop: exits run in reverse
+        config = GatewayConfig(port=0, edge_host=HOST, edge_port=0, tls_dir=tls)
+        plain = build_server(InstantBackend(), config, announce=False, chunk_store=store)
+        gateway_port = stack.enter_context(_running(plain, "gateway"))
+        edge_port = stack.enter_context(_running(build_edge_server(plain.gateway), "edge listener"))
+        agent = Agent(
+            EdgeConfig(
+                gateway_url=f"https://{HOST}:{edge_port}",
+                tls_dir=tls,
+                name=DEVICE,
+                port=0,
+                state_dir=Path(tmp) / "agent",
+            )
+        )
+        app = create_agent_app(agent)  # closes the agent's uplink and acked store on shutdown
+        agent_server = uvicorn.Server(
+            uvicorn.Config(app, host=HOST, port=0, log_config=None, log_level="warning", lifespan="on")
+        )
+        agent_port = stack.enter_context(_running(agent_server, "edge agent"))
+        yield Rig(agent, f"http://{HOST}:{agent_port}", f"http://{HOST}:{gateway_port}")

@@ -1,0 +1,30 @@
+"""Configuration of `ctxfuse edge`: one home for the agent's options."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def default_state_dir() -> Path:
+    home = Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
+    return home / "edge"
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    gateway_url: str  # the gateway's edge listener, e.g. https://gateway.example:8443
+    tls_dir: Path  # the CA certificate and this device's certificate and key (ctxfuse certs)
+    name: str  # this device's name, as its certificate was issued
+    host: str = "127.0.0.1"  # the apps' side: loopback only by default
+    port: int = 8100
+    state_dir: Path | None = None  # acknowledged chunks (and, later, the outbox); default under CTXFUSE_HOME
+    chunk_threshold: int = 2048  # strings of at least this many UTF-8 bytes travel as chunks
+    max_acked_chunks: int = 200_000  # digests remembered as held by the gateway (LRU)
+    connect_timeout_s: float = 5.0
+    retry_after_s: int = 5  # told to apps when the gateway cannot be reached
+
+    @property
+    def state(self) -> Path:
+        return self.state_dir or default_state_dir()

@@ -1,0 +1,205 @@
+"""The gateway's store of the chunks edge agents sent: content-addressed, in SQLite, bounded in bytes.
+
+A chunk is kept under its digest (shared/chunking.py) until the store is over its byte budget and
+the chunk is the least recently used. The file persists, so a restart keeps every chunk and its
+place in the LRU order (WAL with synchronous=NORMAL: a crashed process loses nothing; a power cut
+may lose the last commits, which agents re-send when told they are missing).
+
+Invariants:
+- Every row's data hashes to its digest: puts are verified before anything is written.
+- `last_used` values are distinct ticks of one counter that resumes after the largest stored tick
+  on open, so the LRU order is exact, survives restarts and ignores the wall clock.
+- `total_bytes` and `count` equal SUM(size) and COUNT(*) of the table.
+- Eviction runs only at the end of a put (and on open, if the budget shrank), after the call has
+  stored its chunks and touched the ones it names, and never removes those: a request's chunks
+  outlive the call that brings them, even if they alone exceed the budget (the store is then over
+  budget until a later put). Being the newest, they are also the last that another request's put
+  would evict before this request's get_many reads them.
+
+Thread-safe: one connection, one lock; calls are short and the gateway may make them from any thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from shared.chunking import digest as chunk_digest
+from shared.compression import ChunkError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chunks (
+    digest BLOB PRIMARY KEY,
+    data BLOB NOT NULL,
+    size INTEGER NOT NULL,
+    last_used INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_last_used ON chunks (last_used);
+"""
+_BATCH = 500  # digests per IN (...) query, well under SQLite's bound on bound parameters
+
+
+class ChunkStore:
+    def __init__(self, path: Path | str, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE) in _transaction.
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self.hits = 0  # chunks found by missing() and get_many()
+        self.misses = 0  # chunks not found by them
+        self._load_totals()
+        (clock,) = self._db.execute("SELECT COALESCE(MAX(last_used), 0) FROM chunks").fetchone()
+        self._clock: int = clock
+        with self._lock, self._transaction():
+            self._evict(keep=set())  # the budget may have shrunk since the file was written
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @property
+    def total_bytes(self) -> int:
+        return self._total_bytes
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def missing(self, digests: Sequence[bytes]) -> list[bytes]:
+        """The digests not stored, in request order, each once. Does not touch the LRU order."""
+        wanted = _unique(digests)
+        with self._lock:
+            present = {row[0] for row in self._select("SELECT digest FROM chunks", wanted)}
+            self._count_lookups(len(present), len(wanted))
+        return [d for d in wanted if d not in present]
+
+    def get_many(self, digests: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The stored chunks among `digests` (absent ones are left out), made most recently used.
+
+        Touched in request order, so the first named is the first of them to be evicted later.
+        """
+        wanted = _unique(digests)
+        with self._lock, self._transaction():
+            found = {d: data for d, data in self._select("SELECT digest, data FROM chunks", wanted)}
+            self._touch(d for d in wanted if d in found)
+            self._count_lookups(len(found), len(wanted))
+        return found
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def put(self, digest: bytes, data: bytes) -> None:
+        self.put_many({digest: data})
+
+    def put_many(self, items: Mapping[bytes, bytes], *, touch: Sequence[bytes] = ()) -> None:
+        """Store `items` (digest -> bytes) in one transaction, then evict down to the budget.
+
+        `touch` names chunks the same request uses that may already be stored: they are made most
+        recently used as well, and like `items` are kept from this call's eviction. Storing a chunk
+        that is already there only touches it. Raises ChunkError, storing nothing, if any bytes do
+        not match their digest.
+
+        A request is served by `put_many(its_new_chunks, touch=all_its_digests)`, then
+        `get_many(all_its_digests)`: whatever get_many leaves out is what the 409 names.
+        """
+        for d, data in items.items():
+            if chunk_digest(data) != d:
+                raise ChunkError(f"chunk {d.hex()} does not match the digest of its {len(data)} bytes")
+        with self._lock, self._transaction():
+            for d, data in items.items():
+                self._insert(d, data)
+            self._touch(_unique(touch))
+            self._evict(keep={*items, *touch})
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> ChunkStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- internals (called with the lock held) --------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._load_totals()  # undo what the failed call counted
+            raise
+        self._db.execute("COMMIT")
+
+    def _load_totals(self) -> None:
+        count, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM chunks").fetchone()
+        self._count: int = count
+        self._total_bytes: int = total
+
+    def _select(self, query: str, digests: list[bytes]) -> Iterator[tuple[Any, ...]]:
+        """Rows of `query` + " WHERE digest IN (...)" over `digests`, in batches."""
+        for lo in range(0, len(digests), _BATCH):
+            batch = digests[lo : lo + _BATCH]
+            marks = ",".join("?" * len(batch))
+            yield from self._db.execute(f"{query} WHERE digest IN ({marks})", batch)
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _insert(self, digest: bytes, data: bytes) -> None:
+        inserted = self._db.execute(
+            "INSERT OR IGNORE INTO chunks (digest, data, size, last_used) VALUES (?, ?, ?, ?)",
+            (digest, data, len(data), self._tick()),
+        ).rowcount
+        if inserted:
+            self._count += 1
+            self._total_bytes += len(data)
+        else:
+            self._touch([digest])
+
+    def _touch(self, digests: Iterable[bytes]) -> None:
+        self._db.executemany(
+            "UPDATE chunks SET last_used = ? WHERE digest = ?", [(self._tick(), d) for d in digests]
+        )
+
+    def _evict(self, keep: set[bytes]) -> None:
+        """Delete least recently used chunks not in `keep` until the store fits its budget."""
+        excess = self._total_bytes - self._max_bytes
+        if excess <= 0:
+            return
+        victims: list[tuple[bytes]] = []
+        freed = 0
+        rows = self._db.execute("SELECT digest, size FROM chunks ORDER BY last_used")
+        for d, size in rows:
+            if freed >= excess:
+                break
+            if d not in keep:
+                victims.append((d,))
+                freed += size
+        rows.close()
+        self._db.executemany("DELETE FROM chunks WHERE digest = ?", victims)
+        self._count -= len(victims)
+        self._total_bytes -= freed
+
+    def _count_lookups(self, found: int, looked_up: int) -> None:
+        self.hits += found
+        self.misses += looked_up - found
+
+
+def _unique(digests: Iterable[bytes]) -> list[bytes]:
+    return list(dict.fromkeys(digests))

@@ -1,0 +1,289 @@
+"""Mutual TLS for the gateway's edge listener: the server and client contexts, live CRL reloads,
+a log line for every refused handshake, and the verified device name carried to the ASGI app.
+
+Reads the layout `shared.certs` writes (`TLSDir`). The edge listener speaks TLS 1.3 only and issues no
+session tickets. This is deliberate: a resumed session skips certificate verification, so a device
+could resume a session made before it was revoked. TLS 1.2's server-side session cache cannot be
+switched off from Python, so TLS 1.2 is refused; with no tickets there is nothing to resume, and every
+connection is checked against the current CRL.
+
+uvicorn internals this relies on (pin `uvicorn[standard]>=0.54,<0.55` and re-run tests/shared on
+each upgrade): `Config(ssl_context_factory=...)` (public, new in recent releases); the httptools
+protocol's constructor, its `connection_made` being called with the TLS transport once the handshake
+is done, and its `app_state` attribute being copied into every request's `scope["state"]`. Python:
+`SSLContext._msg_callback` (private, present since 3.8) and `sni_callback`.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import weakref
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvicorn
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from shared.certs import CertsError, TLSDir, check_device_name
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOGGER = "ctxfuse.edge_tls"
+DEVICE_STATE_KEY = "device"  # scope["state"]["device"]: the verified device name
+
+_ALERT, _HANDSHAKE, _CERTIFICATE, _FATAL = 21, 22, 11, 2
+# why the gateway refused, by the TLS alert it sent (RFC 8446 section 6); others are logged by name
+_REASONS = {
+    44: "certificate revoked",
+    48: "unknown CA",
+    116: "no certificate",  # certificate_required (TLS 1.3)
+    45: "certificate expired",
+    43: "certificate not for client use",  # unsupported_certificate, e.g. a server certificate
+    42: "bad certificate",
+    51: "bad signature",  # decrypt_error
+    70: "TLS version below 1.3",  # protocol_version
+}
+
+
+def server_context(tls_dir: Path | str) -> ssl.SSLContext:
+    """The edge listener's context: TLS 1.3, the server certificate, a client certificate from the CA
+    required and checked against the CRL; refused handshakes are logged (`log_refusals`)."""
+    d = TLSDir(Path(tls_dir))
+    _require(d.server_cert, f"run `ctxfuse certs server {d.root} --host NAME`")
+    _require(d.crl, f"run `ctxfuse certs init {d.root}`")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.num_tickets = 0  # no resumption: see the module docstring
+    ctx.load_cert_chain(d.server_cert, d.server_key)
+    ctx.load_verify_locations(cafile=_require(d.ca_cert, f"run `ctxfuse certs init {d.root}`"))
+    ctx.load_verify_locations(cafile=d.crl)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    log_refusals(ctx)
+    return ctx
+
+
+def client_context(tls_dir: Path | str, device_name: str) -> ssl.SSLContext:
+    """The edge agent's context: trusts only the CA (and checks the gateway's host name), presents
+    devices/NAME.pem."""
+    d = TLSDir(Path(tls_dir))
+    ca = _require(d.ca_cert, "copy ca.pem from the CA's directory")
+    cert = _require(d.device_cert(device_name), f"run `ctxfuse certs issue DIR {device_name}` and copy it")
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(cert, d.device_key(device_name))
+    return ctx
+
+
+def _require(path: Path, hint: str) -> Path:
+    if not path.is_file():
+        raise CertsError(f"{path} does not exist: {hint}")
+    return path
+
+
+class RevocationWatcher:
+    """Keeps a live server context's revocation list current. `refresh()` costs one stat() when
+    crl.pem is unchanged; a changed file is added to the context's store, where OpenSSL uses the
+    CRL with the latest lastUpdate (shared.certs makes each new one strictly later) for every NEW
+    handshake. Connections already open are not closed."""
+
+    def __init__(self, context: ssl.SSLContext, tls_dir: Path | str) -> None:
+        self._context = context
+        self._path = TLSDir(Path(tls_dir)).crl
+        # None: the first refresh loads the file even if server_context read this same version
+        # (OpenSSL keeps one copy of an identical CRL), so no change between the two is missed
+        self._seen: tuple[int, int, int] | None = None
+
+    def refresh(self) -> bool:
+        """Load crl.pem again if it changed; True when it did. Raises OSError or ssl.SSLError for a
+        missing or unreadable file, leaving the CRLs already loaded in force."""
+        st = os.stat(self._path)
+        # a rename (how shared.certs writes) changes the inode even when mtime's resolution is coarse
+        signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if signature == self._seen:
+            return False
+        self._context.load_verify_locations(cafile=self._path)
+        self._seen = signature
+        return True
+
+    def refresh_on_every_handshake(self) -> None:
+        """Call `refresh()` at the start of each handshake (the context's SNI callback, which runs on
+        every ClientHello, with or without a server name), so a revocation applies from the next
+        connection on, without a timer."""
+        self._context.sni_callback = self._on_client_hello
+
+    def _on_client_hello(self, _conn: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        try:
+            self.refresh()
+        except (OSError, ssl.SSLError) as exc:
+            # an exception here would abort this handshake; keep the CRLs already loaded instead
+            log = structlog.get_logger(LOGGER)
+            log.error("edge_tls_crl_reload_failed", path=str(self._path), error=str(exc))
+
+
+def log_refusals(context: ssl.SSLContext) -> None:
+    """Log each fatal TLS alert the context sends (a refused handshake) with its reason.
+
+    asyncio's and uvloop's SSL transports drop handshake errors (logged only in loop debug mode), and
+    uvicorn never sees a connection whose handshake failed. The alert the server sends is what carries
+    the reason (certificate_revoked, unknown_ca, certificate_required), and OpenSSL reports it through
+    the context's message callback, whichever event loop drives the SSLObject. The client's own
+    Certificate message, seen just before, names the device. The peer address is not known at this
+    layer (the SSLObject has no socket)."""
+    context._msg_callback = _RefusalLog()  # type: ignore[attr-defined]
+
+
+class _RefusalLog:
+    def __init__(self) -> None:
+        # the client's first certificate (DER), per handshake; dropped with the SSLObject
+        self._offered: weakref.WeakKeyDictionary[object, bytes] = weakref.WeakKeyDictionary()
+
+    def __call__(
+        self, conn: object, direction: str, version: int, content: int, kind: int, data: bytes
+    ) -> None:
+        # ssl's wrapper passes `kind` as an IntEnum where it knows the value (the alert's name)
+        try:
+            if content == _HANDSHAKE and kind == _CERTIFICATE and direction == "read":
+                der = _first_certificate(data, tls13=version >= ssl.TLSVersion.TLSv1_3)
+                if der:
+                    self._offered[conn] = der
+            elif content == _ALERT and len(data) >= 2 and data[0] == _FATAL:
+                self._log(direction, kind, self._offered.pop(conn, None))
+        except Exception:
+            # raised here, it would surface inside OpenSSL's handshake and break it: a log line is
+            # not worth a connection
+            return
+
+    @staticmethod
+    def _log(direction: str, alert: int, der: bytes | None) -> None:
+        name = getattr(alert, "name", str(alert)).lower()
+        # a fresh logger each time: a proxy cached before structlog was (re)configured would keep the
+        # old configuration, and refusals are rare enough that the lookup costs nothing
+        log = structlog.get_logger(LOGGER)
+        if direction == "read":
+            log.info("edge_tls_aborted_by_client", alert=name)
+            return
+        device, serial = _describe(der)
+        reason = _REASONS.get(int(alert), name.replace("_", " "))
+        log.warning("edge_tls_refused", reason=reason, alert=name, device=device, serial=serial)
+
+
+def _first_certificate(message: bytes, *, tls13: bool) -> bytes | None:
+    # Certificate handshake message: type(1) length(3) [TLS 1.3: context_length(1) context]
+    # list_length(3), then entries of length(3) DER [TLS 1.3: extensions]
+    pos = 4 + (1 + message[4] if tls13 else 0) + 3
+    length = int.from_bytes(message[pos : pos + 3], "big")
+    der = message[pos + 3 : pos + 3 + length]
+    return der if length and len(der) == length else None
+
+
+def _describe(der: bytes | None) -> tuple[str | None, str | None]:
+    if der is None:
+        return None, None
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError:
+        return None, None
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return (str(cns[0].value) if cns else None), format(cert.serial_number, "x")
+
+
+class DeviceHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (`uvicorn.Config(http=DeviceHttpProtocol)`), plus: every request
+    on a connection carries the CN of that connection's verified client certificate in
+    scope["state"]["device"].
+
+    The name travels with the connection: uvicorn copies the protocol's `app_state` into each
+    request's scope["state"] (and hands it to WebSocket upgrades), before any middleware runs. It is
+    never looked up by address: a lookup by scope["client"] can be pointed at another device's
+    connection with X-Forwarded-For whenever uvicorn's proxy headers are on, as they are by default
+    for loopback peers."""
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        # with CERT_REQUIRED the transport exists only once the certificate was verified
+        name = _common_name(transport.get_extra_info("peercert"))
+        if name is not None:
+            # this connection's own dict: the one passed in is the lifespan state, shared by all
+            self.app_state = {**self.app_state, DEVICE_STATE_KEY: name}
+
+
+def _common_name(peercert: object) -> str | None:
+    if not isinstance(peercert, dict):
+        return None
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                try:
+                    return check_device_name(value)
+                except CertsError:
+                    return None
+    return None
+
+
+class DeviceScope:
+    """ASGI middleware that guarantees scope["state"]["device"] (Litestar: `request.state.device`)
+    on every HTTP and WebSocket request, as `DeviceHttpProtocol` set it. A request without one is
+    refused (403, or WebSocket close 1008), never served anonymously: it means the listener runs
+    without `DeviceHttpProtocol`, or the certificate's CN is not a device name."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            name = scope.get("state", {}).get(DEVICE_STATE_KEY)
+            if not isinstance(name, str):
+                log = structlog.get_logger(LOGGER)
+                log.error("edge_tls_no_device", client=scope.get("client"), path=scope.get("path"))
+                await _refuse(scope, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _refuse(scope: Scope, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = b'{"error":{"message":"no verified device certificate","type":"permission_error","code":null}}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeListener:
+    config: uvicorn.Config
+    context: ssl.SSLContext
+    watcher: RevocationWatcher
+
+
+def edge_listener(app: ASGIApp, tls_dir: Path | str, *, host: str, port: int, **options: Any) -> EdgeListener:
+    """A uvicorn config for the edge listener: mutual TLS from `tls_dir`, the CRL reloaded on every
+    handshake, the device name in each request's scope. `options` go to uvicorn.Config unchanged.
+
+    Proxy headers are off: TLS ends here, so no trusted proxy can stand in front, and scope["client"]
+    (in logs, and any per-address limit) must be the real peer, not what a device's X-Forwarded-For
+    says."""
+    context = server_context(tls_dir)
+    watcher = RevocationWatcher(context, tls_dir)
+    watcher.refresh_on_every_handshake()
+    config = uvicorn.Config(
+        DeviceScope(app),
+        host=host,
+        port=port,
+        http=DeviceHttpProtocol,
+        ssl_context_factory=lambda _config, _default: context,
+        proxy_headers=False,
+        **options,
+    )
+    return EdgeListener(config, context, watcher)
