@@ -385,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cloud.bench.structured_bench import add_structured_parser
 
     add_structured_parser(bench)
+    from edge.bench.cli import add_edge_bench_parser
+
+    add_edge_bench_parser(bench)
     from ctxfuse.certs_cli import add_certs_parser
 
     add_certs_parser(sub)

@@ -20,8 +20,8 @@ class AckedChunks:
         self._db.execute("CREATE INDEX IF NOT EXISTS acked_used ON acked (used)")
         self._lock = threading.Lock()
         self._max = max_entries
-        row = self._db.execute("SELECT COALESCE(MAX(used), 0) FROM acked").fetchone()
-        self._clock = int(row[0])
+        row = self._db.execute("SELECT COALESCE(MAX(used), 0), COUNT(*) FROM acked").fetchone()
+        self._clock, self._count = int(row[0]), int(row[1])
 
     def known(self, digests: Iterable[bytes]) -> set[bytes]:
         wanted = list(dict.fromkeys(digests))
@@ -35,25 +35,29 @@ class AckedChunks:
         return found
 
     def add(self, digests: Iterable[bytes]) -> None:
+        """Mark these held (and most recently used); the oldest go once over the bound."""
+        rows = []
+        for d in dict.fromkeys(digests):
+            self._clock += 1
+            rows.append((self._clock, d))
+        if not rows:
+            return
         with self._lock, self._db:
-            for d in dict.fromkeys(digests):
-                self._clock += 1
-                self._db.execute(
-                    "INSERT INTO acked (digest, used) VALUES (?, ?) "
-                    "ON CONFLICT(digest) DO UPDATE SET used = excluded.used",
-                    (d, self._clock),
-                )
-            (count,) = self._db.execute("SELECT COUNT(*) FROM acked").fetchone()
-            if count > self._max:
+            inserted = self._db.executemany("INSERT OR IGNORE INTO acked (used, digest) VALUES (?, ?)", rows)
+            self._count += max(0, inserted.rowcount)
+            self._db.executemany("UPDATE acked SET used = ? WHERE digest = ?", rows)
+            if self._count > self._max:
                 self._db.execute(
                     "DELETE FROM acked WHERE digest IN (SELECT digest FROM acked ORDER BY used LIMIT ?)",
-                    (count - self._max,),
+                    (self._count - self._max,),
                 )
+                self._count = self._max
 
     def forget(self, digests: Iterable[bytes]) -> None:
         """The gateway said it lacks these: stop believing it holds them."""
         with self._lock, self._db:
-            self._db.executemany("DELETE FROM acked WHERE digest = ?", [(d,) for d in digests])
+            deleted = self._db.executemany("DELETE FROM acked WHERE digest = ?", [(d,) for d in digests])
+            self._count -= max(0, deleted.rowcount)
 
     def __len__(self) -> int:
         with self._lock:

@@ -90,8 +90,11 @@ async def _relay(resp: httpx.Response) -> Response[Any]:
     if media.startswith("text/event-stream"):
 
         async def body() -> AsyncIterator[bytes]:
-            async for piece in resp.aiter_raw():
-                yield piece
+            try:
+                async for piece in resp.aiter_raw():
+                    yield piece
+            finally:  # the app went away: closing upstream makes the gateway abort the request
+                await resp.aclose()
 
         return Stream(
             body(),

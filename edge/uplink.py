@@ -13,7 +13,7 @@ import msgspec
 from shared.edge_protocol import MSGPACK
 
 from .acked import AckedChunks
-from .encode import Endpoint, Outgoing, chunk_strings
+from .encode import ChunkMemo, Endpoint, Outgoing, chunk_strings
 
 EDGE_PATH = "/edge/v1/request"
 
@@ -29,6 +29,7 @@ class Uplink:
         self.acked = acked
         self.threshold = threshold
         self.uploaded_bytes = 0
+        self._memo = ChunkMemo()
         # generation can take minutes: no read timeout; a dead link shows at connect or write
         timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=connect_timeout_s)
         limits = httpx.Limits(max_connections=16, max_keepalive_connections=4, keepalive_expiry=60.0)
@@ -36,7 +37,7 @@ class Uplink:
 
     async def forward(self, endpoint: Endpoint, body: Any) -> httpx.Response:
         """POST the app's request over the edge link; the response is streamed (the caller closes it)."""
-        out = chunk_strings(endpoint, body, self.threshold)
+        out = chunk_strings(endpoint, body, self.threshold, self._memo)
         held = self.acked.known(out.digests)
         out.attach([d for d in out.digests if d not in held])
         resp = await self._post(out)

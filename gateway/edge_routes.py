@@ -13,6 +13,7 @@ from litestar import Request, Response, post
 from shared.edge_protocol import EdgeRequest
 from shared.errors import InvalidRequestError
 
+from .chunk_store import ChunkStore
 from .edge_link import expand, store_new_chunks
 from .errors import ServiceUnavailableError
 from .observe import annotate
@@ -42,12 +43,17 @@ async def edge_request(request: AnyRequest) -> Response[Any]:
     device = device_of(request)
     annotate(device=device, edge_bytes=len(raw), edge_texts=len(req.texts), edge_new_chunks=len(req.chunks))
     gw.metrics.edge_bytes.labels(device=device or "").inc(len(raw))
-    # SQLite and zstd off the event loop; new chunks are stored before anything can refuse the request
-    await asyncio.to_thread(store_new_chunks, store, req)
-    body = msgspec.json.encode(await asyncio.to_thread(expand, store, req))
+    # SQLite and zstd off the event loop, in one hop; new chunks are stored before anything can
+    # refuse the request
+    body = await asyncio.to_thread(_store_and_expand, store, req)
     if req.endpoint == "chat.completions":
         return await serve_chat(request, body, arrival)
     return await serve_completion(request, body, arrival)
+
+
+def _store_and_expand(store: ChunkStore, req: EdgeRequest) -> bytes:
+    store_new_chunks(store, req)
+    return msgspec.json.encode(expand(store, req))
 
 
 ROUTES = [edge_request]

@@ -42,12 +42,20 @@ class EdgeServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    announce = True
+
     @property
     def bound_port(self) -> int | None:
         for server in getattr(self, "servers", []):
             for sock in server.sockets:
                 return int(sock.getsockname()[1])
         return None
+
+    async def startup(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
+        await super().startup(sockets)  # type: ignore[arg-type]
+        if self.started and self.announce:
+            host = self.config.host
+            print(f"ctxfuse: edge listener (mutual TLS) at https://{host}:{self.bound_port}", flush=True)
 
 
 def build_edge_server(gateway: Gateway) -> EdgeServer:

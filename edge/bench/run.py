@@ -195,7 +195,7 @@ def run(opts: EdgeBenchOptions) -> Report:
         # the document's chunks are now held by the gateway (and known held by the agent)
         cases = {
             "short prompt": [chat_body(q) for q in asked],
-            f"{tokens}-token document, held by the gateway": [
+            f"{tokens:,}-token document, held by the gateway": [
                 chat_body(f"{doc}\n\nQuestion: {q}") for q in asked
             ],
         }

@@ -234,3 +234,16 @@ def test_an_unreachable_gateway_gives_the_app_a_503(link: Link, tmp_path: Path) 
 def test_bad_json_from_an_app_is_a_400(link: Link) -> None:
     r = httpx.post(f"{link.agent_url}/v1/chat/completions", content=b"{not json", timeout=10)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_edge_route_is_not_served_on_the_plain_port(link: Link) -> None:
+    from gateway.server import build_server
+
+    server = build_server(link.gateway.backend, GatewayConfig(port=0), announce=False)
+    port = start(server, "plain")
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/edge/v1/request", content=b"\x80", timeout=10)
+        assert r.status_code == 404
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
+    finally:
+        server.should_exit = True
