@@ -256,6 +256,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         tls_dir=args.tls_dir,
         chunk_store=args.chunk_store,
         chunk_store_mib=args.chunk_store_mib,
+        device_max_in_flight=args.device_max_in_flight,
     )
     return serve(engine_config(args), gateway)
 

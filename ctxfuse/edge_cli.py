@@ -29,6 +29,12 @@ def add_edge_listener_options(p: argparse.ArgumentParser) -> None:
         help="SQLite file of edge chunks (default CTXFUSE_HOME/chunks.sqlite)",
     )
     g.add_argument(
+        "--device-max-in-flight",
+        type=int,
+        default=d.device_max_in_flight,
+        help=f"requests one device may have running; more get a 429 (default {d.device_max_in_flight})",
+    )
+    g.add_argument(
         "--chunk-store-mib",
         type=float,
         default=d.chunk_store_mib,

@@ -23,6 +23,7 @@ class GatewayConfig:
     tls_dir: Path | None = None  # CA, server certificate and key, revocation list (ctxfuse certs)
     chunk_store: Path | None = None  # the edge link's chunks (SQLite); default under CTXFUSE_HOME
     chunk_store_mib: float = 1024.0  # bound on stored chunk bytes; least recently used go first
+    device_max_in_flight: int = 32  # requests one device may have running on the edge listener
 
     @property
     def is_loopback(self) -> bool:

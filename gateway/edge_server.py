@@ -17,6 +17,7 @@ from litestar.types import ASGIApp
 from shared.tls import edge_listener
 
 from . import edge_routes
+from .device_limit import DeviceLimit
 from .errors import EXCEPTION_HANDLERS
 from .observe import Observe
 from .openai_routes import list_models, retrieve_model
@@ -32,7 +33,8 @@ def create_edge_app(gateway: Gateway) -> ASGIApp:
         openapi_config=None,
         logging_config=None,
     )
-    return Observe(app, gateway.metrics)
+    limited = DeviceLimit(app, gateway.config.device_max_in_flight)
+    return Observe(limited, gateway.metrics)
 
 
 class EdgeServer(uvicorn.Server):

@@ -1,6 +1,7 @@
 """The loopback rig: a throwaway CA, the gateway (plain-HTTP and mutual-TLS edge listeners sharing one
-Gateway and chunk store) over the instant fake engine, and an edge agent in front of the edge
-listener. Every server on port 0, each in its own thread; `rig()` tears all of it down on exit."""
+Gateway and chunk store) over the instant fake engine in its own process, as it would run in the
+cloud, and an edge agent in front of the edge listener, in this process (its byte counter is read
+directly). `rig()` tears all of it down on exit."""
 
 from __future__ import annotations
 
@@ -16,16 +17,11 @@ import uvicorn
 
 from edge.agent import Agent, create_agent_app
 from edge.config import EdgeConfig
-from gateway.bench.fake_engine import InstantBackend
-from gateway.chunk_store import ChunkStore
-from gateway.config import GatewayConfig
-from gateway.edge_server import build_edge_server
-from gateway.server import build_server
+from gateway.bench.serve import ServerProcess, free_port
 from shared.certs import init_ca, issue_device, issue_server
 
 HOST = "127.0.0.1"
 DEVICE = "bench-device"
-STORE_BYTES = 256 * 2**20
 START_TIMEOUT_S = 30.0
 
 
@@ -65,14 +61,12 @@ def rig() -> Iterator[Rig]:
         init_ca(tls)
         issue_server(tls, [HOST, "localhost"])
         issue_device(tls, DEVICE)
-        store = ChunkStore(Path(tmp) / "chunks.sqlite", STORE_BYTES)
-        stack.callback(store.close)  # after the servers stop: exits run in reverse
-        config = GatewayConfig(port=0, edge_host=HOST, edge_port=0, tls_dir=tls)
-        plain = build_server(InstantBackend(), config, announce=False, chunk_store=store)
-        gateway_port = stack.enter_context(_running(plain, "gateway"))
-        edge = build_edge_server(plain.gateway)
-        edge.announce = False  # the bench prints its own table
-        edge_port = stack.enter_context(_running(edge, "edge listener"))
+        edge_port = free_port()
+        gateway = ServerProcess("edge", str(edge_port), str(tls), str(Path(tmp) / "chunks.sqlite"))
+        stack.callback(gateway.stop)
+        gateway.wait_ready()
+        gateway.wait_ready(port=edge_port)
+        gateway_port = gateway.port
         agent = Agent(
             EdgeConfig(
                 gateway_url=f"https://{HOST}:{edge_port}",

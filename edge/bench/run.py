@@ -29,8 +29,9 @@ ENGINE = (
     "engine's time is not what is measured"
 )
 NETWORK = (
-    "loopback, one process, each server in its own thread: the agent's added latency includes its own "
-    "HTTP hop, chunking and hashing, msgpack, TLS, and the gateway putting the text back"
+    "loopback; the gateway in its own process, the agent and the client in this one: the agent's added "
+    "latency includes its own HTTP hop, chunking and hashing, msgpack, TLS, and the gateway putting the "
+    "text back"
 )
 
 

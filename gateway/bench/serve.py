@@ -2,7 +2,9 @@
 
 `python -m gateway.bench.serve gateway PORT` serves the full gateway (default GatewayConfig, its
 request log included, written to a discarded stderr) over the instant engine;
-`python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app.
+`python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app;
+`python -m gateway.bench.serve edge PORT EDGE_PORT TLS_DIR STORE` serves the gateway and its
+mutual-TLS edge listener over the instant engine (for `ctxfuse bench edge`).
 Both use uvicorn's `auto` loop and HTTP parser: uvloop and httptools when installed, as `ctxfuse serve`.
 """
 
@@ -37,17 +39,19 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 60.0, port: int | None = None) -> None:
+        """Until `port` (default: the main one) accepts connections."""
+        port = port or self.port
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"bench server exited with status {self.proc.returncode}")
             try:
-                socket.create_connection((HOST, self.port), timeout=0.5).close()
+                socket.create_connection((HOST, port), timeout=0.5).close()
                 return
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError(f"bench server not listening on port {self.port} after {timeout_s:.0f} s")
+        raise RuntimeError(f"bench server not listening on port {port} after {timeout_s:.0f} s")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -70,6 +74,21 @@ def _serve_gateway(port: int) -> None:
     build_server(InstantBackend(), config, announce=False).run()
 
 
+def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> None:
+    from gateway.chunk_store import ChunkStore
+    from gateway.config import GatewayConfig
+    from gateway.server import build_server, run_servers
+
+    from .fake_engine import InstantBackend
+
+    config = GatewayConfig(port=port, edge_host=HOST, edge_port=edge_port, tls_dir=tls, log_level="warning")
+    chunks = ChunkStore(store, 256 * 2**20)
+    try:
+        run_servers(build_server(InstantBackend(), config, announce=False, chunk_store=chunks))
+    finally:
+        chunks.close()
+
+
 def _serve_baseline(port: int, recorded: Path) -> None:
     from .baseline import BaselineApp, Recorded
 
@@ -82,6 +101,8 @@ def main(argv: list[str]) -> int:
     kind, port = argv[0], int(argv[1])
     if kind == "gateway":
         _serve_gateway(port)
+    elif kind == "edge":
+        _serve_edge_gateway(port, int(argv[2]), Path(argv[3]), Path(argv[4]))
     else:
         _serve_baseline(port, Path(argv[2]))
     return 0
