@@ -257,6 +257,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         chunk_store=args.chunk_store,
         chunk_store_mib=args.chunk_store_mib,
         device_max_in_flight=args.device_max_in_flight,
+        data_dir=args.data_dir,
     )
     return serve(engine_config(args), gateway)
 
@@ -361,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxfuse.edge_cli import add_edge_listener_options, add_edge_parser
 
     add_edge_listener_options(sv)
+    from ctxfuse.batch_cli import add_batch_options
+
+    add_batch_options(sv)
     add_engine_options(sv)
     sv.set_defaults(func=_cmd_serve)
     add_edge_parser(sub)

@@ -2,6 +2,8 @@
 
 Observe (request id, log line, http metrics) -> RequireApiKey (when a key is set) -> Litestar
 
+The app's lifespan starts and stops the batch runner (batch_runner.py), which runs the Batch API's work.
+
 The app does not own the backend: whoever made it stops it (server.serve), so several apps (tests)
 can share one engine.
 """
@@ -13,8 +15,9 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
-from . import openai_routes, ops_routes
+from . import batch_routes, openai_routes, ops_routes
 from .backend import Backend
+from .batch_runner import BatchRunner
 from .config import GatewayConfig
 from .errors import EXCEPTION_HANDLERS
 from .observe import Observe
@@ -27,11 +30,14 @@ def create_app(
 ) -> tuple[ASGIApp, Gateway]:
     """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py)."""
     gateway = gateway or Gateway(backend, config)
+    batches = BatchRunner(gateway, config.data / "batches.sqlite")  # one per process: this app owns it
     app = Litestar(
-        route_handlers=[*openai_routes.ROUTES, *ops_routes.ROUTES],
+        route_handlers=[*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=config.max_body_bytes,
-        state=State({"gateway": gateway}),
+        on_startup=[batches.start],
+        on_shutdown=[batches.stop],
+        state=State({"gateway": gateway, "batches": batches}),
         openapi_config=OpenAPIConfig(title="ctxfuse", version="0.1.0", path="/schema"),
         logging_config=None,
     )

@@ -49,8 +49,9 @@ class Backend(Protocol):
         """Raise the client's mistake (shared.errors) without queueing anything."""
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
-    ) -> Generation: ...
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
+    ) -> Generation:
+        """Queue the request; a lower `priority` runs first (batch work sends a positive one)."""
 
     def stats(self) -> EngineStats: ...
 
@@ -88,9 +89,9 @@ class InProcessBackend:
         self.engine.core.check(prompt_token_ids, params)
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
     ) -> Generation:
-        return await self.engine.open(prompt_token_ids, params, request_id=request_id)
+        return await self.engine.open(prompt_token_ids, params, request_id=request_id, priority=priority)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -86,11 +86,14 @@ def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
     return CompletionPlan(prompts, params, req.echo, req.logprobs is not None, echo_texts, structure)
 
 
-async def submit_all(backend: Backend, plan: CompletionPlan, request_id: str) -> list[Generation]:
+async def submit_all(
+    backend: Backend, plan: CompletionPlan, request_id: str, priority: int = 0
+) -> list[Generation]:
     gens: list[Generation] = []
     try:
         for p, ids in enumerate(plan.prompts):
-            gens.append(await backend.submit(ids, plan.params, f"{request_id}-{p}" if p else request_id))
+            rid = f"{request_id}-{p}" if p else request_id
+            gens.append(await backend.submit(ids, plan.params, rid, priority=priority))
     except BaseException:
         for g in gens:
             g.close()

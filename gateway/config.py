@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +25,16 @@ class GatewayConfig:
     chunk_store: Path | None = None  # the edge link's chunks (SQLite); default under CTXFUSE_HOME
     chunk_store_mib: float = 1024.0  # bound on stored chunk bytes; least recently used go first
     device_max_in_flight: int = 32  # requests one device may have running on the edge listener
+    data_dir: Path | None = None  # the Batch API's files and batches (SQLite); default CTXFUSE_HOME/gateway
 
     @property
     def is_loopback(self) -> bool:
         return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")
+
+    @property
+    def data(self) -> Path:
+        home = Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
+        return self.data_dir or home / "gateway"
 
     @property
     def base_url(self) -> str:

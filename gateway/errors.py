@@ -43,6 +43,27 @@ class RequestTooLargeError(InvalidRequestError):
     status = 413
 
 
+class ConflictError(CtxfuseError):
+    """The object is in a state that does not allow the operation (409), e.g. cancelling a done batch."""
+
+    status = 409
+    type = "invalid_request_error"
+
+
+class IdempotencyKeyReusedError(CtxfuseError):
+    """An Idempotency-Key sent again with a different request (422): the key names the first one."""
+
+    status = 422
+    type = "invalid_request_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this Idempotency-Key was already used with a different request; send a new key for a new "
+            "request, or the same request to get its first result",
+            code="idempotency_key_reused",
+        )
+
+
 def error_response(exc: CtxfuseError) -> Response[bytes]:
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError):

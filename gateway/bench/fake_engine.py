@@ -81,7 +81,7 @@ class InstantBackend:
         params.validate(self.tokenizer.vocab_size)
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
     ) -> InstantGeneration:
         return InstantGeneration(request_id)
 

@@ -55,7 +55,7 @@ class FakeBackend:
         params.validate(self.tokenizer.vocab_size)
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
     ) -> ScriptedGeneration:
         if self.queue_full:
             raise QueueFullError("the waiting queue is full (0 requests)", retry_after_s=3)

@@ -58,9 +58,9 @@ def bound_generation(body: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def fuzz_url(loaded_model: LoadedModel) -> Iterator[str]:
+def fuzz_url(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     backend = InProcessBackend(AsyncEngine(EngineCore(FUZZ_ENGINE, loaded_model)))
-    running = run_in_thread(backend, FUZZ_GATEWAY)
+    running = run_in_thread(backend, replace(FUZZ_GATEWAY, data_dir=tmp_path_factory.mktemp("fuzz-data")))
     yield running.url
     running.stop()
     backend.shutdown()

@@ -1,0 +1,72 @@
+"""One batch request, run as its live route runs it: the same strict decoding, planning, engine
+submission and whole-response assembly (chat.py, completions.py), at the batch's priority.
+
+The result is what the route would have answered: the status code and the JSON body, a completion
+or an OpenAI error. Errors that say the gateway cannot take work now (a full queue, a stopped or
+draining engine) are raised instead, so the runner retries the request later rather than fail it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from shared.errors import CtxfuseError, InvalidRequestError, QueueFullError
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+
+from . import chat, completions
+from .decode import decode_body
+from .encoding import encode
+from .errors import ServiceUnavailableError
+from .results import Reply
+from .state import Gateway
+
+BATCH_PRIORITY = 10  # engine priority of batch requests: interactive ones (0) are scheduled first
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status_code: int
+    body: bytes  # JSON
+
+
+def _no_stream(stream: bool | None) -> None:
+    if stream:
+        raise InvalidRequestError("stream is not supported in a batch request", param="stream")
+
+
+async def _chat(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes:
+    backend = gw.backend_for_work()
+    req = decode_body(raw, ChatCompletionRequest)
+    gw.check_model(req.model)
+    _no_stream(req.stream)
+    plan = chat.plan_chat(req, backend)
+    meter = gw.metrics.meter(time.monotonic())
+    gen = await backend.submit(plan.prompt_ids, plan.params, rid, priority=priority)
+    reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
+    return encode(await chat.whole_response(gen, plan, reply, meter, backend))  # it closes `gen`
+
+
+async def _completion(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes:
+    backend = gw.backend_for_work()
+    req = decode_body(raw, CompletionRequest)
+    gw.check_model(req.model)
+    _no_stream(req.stream)
+    plan = completions.plan_completion(req, backend)
+    meter = gw.metrics.meter(time.monotonic())
+    gens = await completions.submit_all(backend, plan, rid, priority)
+    reply = Reply.new("cmpl", rid, backend, gw.texts, gw.config.log_content)
+    return encode(await completions.whole_response(gens, plan, reply, meter, backend.tokenizer))
+
+
+_ENDPOINTS = {"/v1/chat/completions": _chat, "/v1/completions": _completion}
+
+
+async def execute(gw: Gateway, endpoint: str, raw: bytes, rid: str, priority: int = BATCH_PRIORITY) -> Answer:
+    """The route's answer to `raw`; raises QueueFullError and ServiceUnavailableError (try later)."""
+    try:
+        return Answer(200, await _ENDPOINTS[endpoint](gw, raw, rid, priority))
+    except (QueueFullError, ServiceUnavailableError):
+        raise
+    except CtxfuseError as exc:
+        return Answer(exc.status, encode(exc.to_openai()))

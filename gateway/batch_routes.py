@@ -1,0 +1,224 @@
+"""OpenAI's Files and Batch API: upload a JSONL of requests, create a batch over it, poll it, cancel it,
+and download its output and error files. The work itself is the runner's (batch_runner.py).
+
+POST /v1/files and POST /v1/batches honour an `Idempotency-Key` header: the same key with the same
+request answers the object the first call created (nothing is created or run twice, across restarts
+too); the same key with a different request is a 422 (`idempotency_key_reused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.datastructures import UploadFile
+from litestar.params import FromPath, FromQuery, QueryParameter
+
+from shared.batch_protocol import (
+    BATCH_ENDPOINTS,
+    BatchCreateRequest,
+    BatchList,
+    FileDeleted,
+    FileList,
+    FileObject,
+)
+from shared.errors import InvalidRequestError, NotFoundError
+
+from .batch_runner import BatchRunner
+from .batch_store import WINDOW_S
+from .decode import decode_body
+from .encoding import encode
+from .errors import ConflictError, IdempotencyKeyReusedError, RequestTooLargeError
+from .file_store import Idem, KeyReused
+
+MAX_FILE_BYTES = 100 * 2**20  # per uploaded file (OpenAI allows 200 MB for batch input)
+_FORM_OVERHEAD = 2**20  # multipart boundaries and headers around the file
+MAX_KEY_CHARS = 255
+AnyRequest = Request[Any, Any, Any]
+T = TypeVar("T")
+
+
+def _runner(request: AnyRequest) -> BatchRunner:
+    runner: BatchRunner = request.app.state.batches
+    return runner
+
+
+def _json(obj: object) -> Response[bytes]:
+    return Response(encode(obj), media_type="application/json")
+
+
+def _idem(request: AnyRequest, route: str, *parts: bytes) -> Idem | None:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not 0 < len(key) <= MAX_KEY_CHARS:
+        raise InvalidRequestError(f"Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
+    digest = hashlib.sha256()
+    for part in parts:  # length-prefixed, so no two different part lists hash alike
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return Idem(route, key, digest.digest())
+
+
+def _created(obj: T | KeyReused) -> T:
+    if isinstance(obj, KeyReused):
+        raise IdempotencyKeyReusedError()
+    return obj
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+async def _upload(request: AnyRequest) -> tuple[str, UploadFile]:
+    if request.content_type[0] != "multipart/form-data":
+        raise InvalidRequestError("send the file as multipart/form-data with `file` and `purpose` fields")
+    form = await request.form()
+    purpose, upload = form.get("purpose"), form.get("file")
+    if not isinstance(purpose, str):
+        raise InvalidRequestError("the form needs a `purpose` field", param="purpose")
+    if purpose != "batch":
+        raise InvalidRequestError(f"purpose {purpose!r} is not supported here; use 'batch'", param="purpose")
+    if not isinstance(upload, UploadFile):
+        raise InvalidRequestError("the form needs a `file` field holding the file", param="file")
+    return purpose, upload
+
+
+@post(
+    "/v1/files",
+    status_code=200,
+    summary="Upload a file (OpenAI; purpose batch: JSONL of requests)",
+    request_max_body_size=MAX_FILE_BYTES + _FORM_OVERHEAD,
+)
+async def create_file(request: AnyRequest) -> Response[bytes]:
+    purpose, upload = await _upload(request)
+    try:
+        content = await upload.read()
+    finally:
+        await upload.close()
+    if len(content) > MAX_FILE_BYTES:
+        raise RequestTooLargeError(f"the file is over {MAX_FILE_BYTES} bytes", param="file", code="too_large")
+    name = upload.filename or "upload.jsonl"
+    idem = _idem(request, "/v1/files", purpose.encode(), name.encode(), content)
+    store = _runner(request).store
+    return _json(_created(await asyncio.to_thread(store.put_file, purpose, name, content, idem)))
+
+
+@get("/v1/files", summary="List files (OpenAI)")
+async def list_files(
+    request: AnyRequest,
+    limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 10_000,
+    after: FromQuery[str | None] = None,
+    purpose: FromQuery[str | None] = None,
+) -> Response[bytes]:
+    files = _runner(request).store.list_files(limit, after, purpose)
+    page = files[:limit]
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return _json(FileList(data=page, first_id=first, last_id=last, has_more=len(files) > limit))
+
+
+def _file_or_404(request: AnyRequest, file_id: str) -> FileObject:
+    f = _runner(request).store.get_file(file_id)
+    if f is None:
+        raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
+    return f
+
+
+@get("/v1/files/{file_id:str}", summary="Retrieve a file's description (OpenAI)")
+async def retrieve_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
+    return _json(_file_or_404(request, file_id))
+
+
+@get("/v1/files/{file_id:str}/content", summary="A file's content (OpenAI; batch results are JSONL)")
+async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
+    content = _runner(request).store.file_content(file_id)
+    if content is None:
+        raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
+    return Response(content, media_type="application/octet-stream")
+
+
+@delete("/v1/files/{file_id:str}", status_code=200, summary="Delete a file (OpenAI)")
+async def delete_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
+    if not _runner(request).store.delete_file(file_id):
+        raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
+    return _json(FileDeleted(id=file_id))
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
+    if req.endpoint not in BATCH_ENDPOINTS:
+        supported = ", ".join(BATCH_ENDPOINTS)
+        raise InvalidRequestError(f"endpoint must be one of {supported}", param="endpoint")
+    if req.completion_window not in WINDOW_S:
+        raise InvalidRequestError("completion_window must be '24h'", param="completion_window")
+    meta = req.metadata or {}
+    if len(meta) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in meta.items()):
+        raise InvalidRequestError(
+            "metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters", param="metadata"
+        )
+    f = _runner(request).store.get_file(req.input_file_id)
+    if f is None:
+        raise NotFoundError(f"no file with id {req.input_file_id!r}", param="input_file_id")
+    if f.purpose != "batch":
+        raise InvalidRequestError("the input file's purpose must be 'batch'", param="input_file_id")
+
+
+@post("/v1/batches", status_code=200, summary="Create a batch (OpenAI)")
+async def create_batch(request: AnyRequest) -> Response[bytes]:
+    req = decode_body(await request.body(), BatchCreateRequest)
+    _check_batch(req, request)
+    idem = _idem(request, "/v1/batches", msgspec.json.encode(req, order="sorted"))
+    runner = _runner(request)
+    batch = _created(runner.store.create_batch(req, idem))
+    runner.wake()
+    return _json(batch)
+
+
+@get("/v1/batches", summary="List batches, newest first (OpenAI)")
+async def list_batches(
+    request: AnyRequest,
+    limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+    after: FromQuery[str | None] = None,
+) -> Response[bytes]:
+    batches = _runner(request).store.list_batches(limit, after)
+    page = batches[:limit]
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return _json(BatchList(data=page, first_id=first, last_id=last, has_more=len(batches) > limit))
+
+
+@get("/v1/batches/{batch_id:str}", summary="Retrieve a batch (OpenAI)")
+async def retrieve_batch(request: AnyRequest, batch_id: FromPath[str]) -> Response[bytes]:
+    batch = _runner(request).store.get_batch(batch_id)
+    if batch is None:
+        raise NotFoundError(f"no batch with id {batch_id!r}", param="batch_id")
+    return _json(batch)
+
+
+@post("/v1/batches/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch (OpenAI)")
+async def cancel_batch(request: AnyRequest, batch_id: FromPath[str]) -> Response[bytes]:
+    runner = _runner(request)
+    batch = runner.store.transition(batch_id, "cancelling", only_from=("validating", "in_progress"))
+    if batch is None:
+        batch = runner.store.get_batch(batch_id)
+        if batch is None:
+            raise NotFoundError(f"no batch with id {batch_id!r}", param="batch_id")
+        if batch.status not in ("cancelling", "cancelled"):
+            raise ConflictError(f"a batch that is {batch.status} cannot be cancelled", code="invalid_state")
+    runner.wake()
+    return _json(batch)
+
+
+ROUTES = [
+    create_file,
+    list_files,
+    retrieve_file,
+    file_content,
+    delete_file,
+    create_batch,
+    list_batches,
+    retrieve_batch,
+    cancel_batch,
+]

@@ -1,0 +1,194 @@
+"""The batch runner: one task per gateway process that takes batches oldest first and drives each
+through its states, running its requests through the engine at low priority, a few at a time.
+
+    validating --(input file ok)--> in_progress --(all requests have results)--> finalizing --> completed
+        `--(bad lines)--> failed        |-- cancel --> cancelling --(in-flight aborted)--> cancelled
+                                        `-- past expires_at --> expired (unrun requests: batch_expired)
+
+Every step is read from and written to the store, so a new process resumes where the last one
+stopped: a request is run until its result is stored, and a stored result is never run again. The
+database is opened on first use (a route, or at start when it already exists), so a gateway that
+never serves a batch writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from shared.batch_protocol import (
+    Batch,
+    BatchError,
+    BatchErrors,
+    BatchLineError,
+    BatchLineResponse,
+    BatchOutputLine,
+)
+from shared.errors import CtxfuseError, QueueFullError
+
+from .batch_exec import BATCH_PRIORITY, Answer, execute
+from .batch_input import BatchItem, parse_batch_input
+from .batch_store import BatchStore
+from .encoding import encode
+from .errors import ServiceUnavailableError
+from .state import Gateway
+
+log = structlog.get_logger("ctxfuse.gateway")
+
+RETRY_S = 1.0  # wait before retrying work the engine could not take (queue full, engine not ready)
+
+
+def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
+    response = None
+    if answer is not None:
+        body = msgspec.Raw(answer.body)
+        response = BatchLineResponse(status_code=answer.status_code, request_id=rid, body=body)
+    line = BatchOutputLine(
+        id=f"batch_req_{uuid.uuid4().hex[:24]}", custom_id=item.custom_id, response=response, error=error
+    )
+    return encode(line)
+
+
+class BatchRunner:
+    def __init__(self, gateway: Gateway, path: Path, concurrency: int = 4, priority: int = BATCH_PRIORITY):
+        self.gateway = gateway
+        self.path = path
+        self.concurrency = concurrency
+        self.priority = priority
+        self._store: BatchStore | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._started = False
+
+    @property
+    def store(self) -> BatchStore:
+        if self._store is None:
+            self._store = BatchStore(self.path)
+        if self._started and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch-runner")
+        return self._store
+
+    async def start(self) -> None:
+        self._started = True
+        if self.path.exists():
+            _ = self.store  # unfinished batches of an earlier process resume now
+
+    async def stop(self) -> None:
+        """Abort what runs (its results are not stored, so it runs again on the next start)."""
+        self._started = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def wake(self) -> None:
+        """New work, or a cancel: look at the store again."""
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            batch = self.store.next_active()
+            if batch is None:
+                await self._wake.wait()
+                continue
+            try:
+                await self._advance(batch)
+            except ServiceUnavailableError:
+                await asyncio.sleep(RETRY_S)  # the engine stopped or the gateway drains: try later
+            except Exception:
+                log.exception("batch_runner_error", batch_id=batch.id)
+                await asyncio.sleep(RETRY_S)
+
+    async def _advance(self, batch: Batch) -> None:
+        store = self.store
+        if batch.status == "validating":
+            await self._validate(batch)
+        elif batch.status == "in_progress":
+            await self._run(batch)
+        elif batch.status == "finalizing":
+            done = await asyncio.to_thread(store.finish, batch.id, "completed")
+            log.info("batch_done", batch_id=batch.id, status=done.status if done else None)
+        elif batch.status == "cancelling":
+            await asyncio.to_thread(store.finish, batch.id, "cancelled")
+
+    async def _validate(self, batch: Batch) -> None:
+        store = self.store
+        content = store.file_content(batch.input_file_id)
+        if content is None:
+            error = BatchError(code="invalid_file", message=f"the input file {batch.input_file_id} is gone")
+            store.fail_validation(batch.id, BatchErrors(data=[error]))
+            return
+        parsed = await asyncio.to_thread(parse_batch_input, content, batch.endpoint)
+        items = [p for p in parsed if isinstance(p, BatchItem)]
+        errors = [p for p in parsed if isinstance(p, BatchError)]
+        if errors:
+            store.fail_validation(batch.id, BatchErrors(data=errors))
+        else:
+            store.start(batch.id, items)  # None: cancelled meanwhile, which the next turn finishes
+
+    def _halted(self, batch: Batch) -> bool:
+        """Cancelled, or past its window (then its unrun requests fail as expired)."""
+        current = self.store.get_batch(batch.id)
+        if current is None or current.status != "in_progress":
+            return True
+        if batch.expires_at is not None and time.time() >= batch.expires_at:
+            self._expire(batch)
+            return True
+        return False
+
+    def _expire(self, batch: Batch) -> None:
+        store = self.store
+        error = BatchLineError(code="batch_expired", message="the batch expired before this request ran")
+        for item in store.pending(batch.id):
+            store.put_result(batch.id, item.line, False, _line(item, None, "", error))
+        store.finish(batch.id, "expired")
+
+    async def _run(self, batch: Batch) -> None:
+        pending = deque(self.store.pending(batch.id))
+        running: set[asyncio.Task[Any]] = set()
+        try:
+            while pending or running:
+                self._wake.clear()  # before the check: a cancel stored after it still wakes the wait
+                if self._halted(batch):
+                    break
+                while pending and len(running) < self.concurrency:
+                    running.add(asyncio.create_task(self._one(batch, pending.popleft())))
+                waker = asyncio.create_task(self._wake.wait())
+                done, running = await asyncio.wait({*running, waker}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                running.discard(waker)
+                for t in done - {waker}:
+                    t.result()  # ServiceUnavailableError: stop; it runs again later
+        finally:
+            for t in running:
+                t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        self.store.transition(batch.id, "finalizing", only_from=("in_progress",))
+
+    async def _one(self, batch: Batch, item: BatchItem) -> None:
+        rid = uuid.uuid4().hex
+        while True:
+            try:
+                answer = await execute(self.gateway, batch.endpoint, item.body, rid, self.priority)
+                break
+            except QueueFullError as exc:
+                await asyncio.sleep(max(RETRY_S, exc.retry_after_s))
+            except ServiceUnavailableError:
+                raise
+            except Exception:
+                log.exception("batch_request_error", batch_id=batch.id, custom_id=item.custom_id)
+                error = CtxfuseError("the server failed on this request; it has been logged")
+                answer = Answer(error.status, encode(error.to_openai()))
+                break
+        self.store.put_result(batch.id, item.line, answer.status_code == 200, _line(item, answer, rid))

@@ -1,0 +1,161 @@
+"""Batches of the Batch API and their requests with results, beside the files (file_store.py) in the
+gateway's SQLite database.
+
+Invariants:
+- A request's result is written once (`ok` and `result` go from NULL to set, never back), so a batch
+  resumed after a restart runs only what has no result, and no custom_id ever has two results.
+- A batch's `request_counts` are read from its requests (total rows, rows ok, rows failed): they are
+  current the moment a result is stored and cannot drift from it.
+- Status changes that must not race (validating -> in_progress with the requests inserted, a cancel,
+  the final files with the final status) are single transactions.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+
+import msgspec
+
+from shared.batch_protocol import Batch, BatchCreateRequest, BatchErrors, BatchStatus
+
+from .batch_input import BatchItem
+from .encoding import encode
+from .file_store import FileStore, Idem, KeyReused
+
+ACTIVE: tuple[BatchStatus, ...] = ("validating", "in_progress", "finalizing", "cancelling")
+WINDOW_S = {"24h": 24 * 3600}  # completion windows served
+
+
+class BatchStore(FileStore):
+    # -- batches ----------------------------------------------------------------------------------
+
+    def create_batch(self, req: BatchCreateRequest, idem: Idem | None = None) -> Batch | KeyReused:
+        now = int(time.time())
+        with self._tx() as db:
+            replay = self._replay(db, idem)
+            if replay is not None:
+                found = replay if isinstance(replay, KeyReused) else self._batch(db, replay)
+                if found is not None:  # (batches are never deleted, so a key's batch is there)
+                    return found
+            b = Batch(
+                id=f"batch_{uuid.uuid4().hex[:24]}",
+                endpoint=req.endpoint,
+                input_file_id=req.input_file_id,
+                completion_window=req.completion_window,
+                status="validating",
+                created_at=now,
+                expires_at=now + WINDOW_S[req.completion_window],
+                metadata=req.metadata,
+            )
+            db.execute(
+                "INSERT INTO batches (id, status, object) VALUES (?, ?, ?)", (b.id, b.status, encode(b))
+            )
+            self._remember(db, idem, b.id)
+            return b
+
+    def _batch(self, db: sqlite3.Connection, batch_id: str) -> Batch | None:
+        row = db.execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        if row is None:
+            return None
+        b = msgspec.json.decode(row[0], type=Batch)
+        total, done, failed = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(ok = 1), 0), COALESCE(SUM(ok = 0), 0) FROM requests "
+            "WHERE batch_id = ?",
+            (batch_id,),
+        ).fetchone()
+        b.request_counts.total, b.request_counts.completed, b.request_counts.failed = total, done, failed
+        return b
+
+    def get_batch(self, batch_id: str) -> Batch | None:
+        with self._lock:
+            return self._batch(self._db, batch_id)
+
+    def list_batches(self, limit: int, after: str | None) -> list[Batch]:
+        ids = [msgspec.json.decode(r, type=Batch).id for r in self._page("batches", limit, after, None)]
+        with self._lock:
+            return [b for i in ids if (b := self._batch(self._db, i)) is not None]
+
+    def next_active(self) -> Batch | None:
+        """The oldest batch the runner has work on."""
+        marks = ",".join("?" * len(ACTIVE))
+        row = self._one(f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY seq LIMIT 1", *ACTIVE)
+        return None if row is None else self.get_batch(str(row[0]))
+
+    def transition(
+        self,
+        batch_id: str,
+        status: BatchStatus,
+        *,
+        only_from: tuple[BatchStatus, ...] = ACTIVE,
+        **fields: object,
+    ) -> Batch | None:
+        """Move the batch to `status` (stamping `<status>_at`) if it is in one of `only_from`; None if not."""
+        with self._tx() as db:
+            return self._transition(db, batch_id, status, only_from, fields)
+
+    def _transition(
+        self,
+        db: sqlite3.Connection,
+        batch_id: str,
+        status: BatchStatus,
+        only_from: tuple[BatchStatus, ...],
+        fields: dict[str, object],
+    ) -> Batch | None:
+        b = self._batch(db, batch_id)
+        if b is None or b.status not in only_from:
+            return None
+        b.status = status
+        setattr(b, f"{status}_at", int(time.time()))
+        for name, value in fields.items():
+            setattr(b, name, value)
+        db.execute("UPDATE batches SET status = ?, object = ? WHERE id = ?", (status, encode(b), batch_id))
+        return b
+
+    def fail_validation(self, batch_id: str, errors: BatchErrors) -> Batch | None:
+        return self.transition(batch_id, "failed", only_from=("validating",), errors=errors)
+
+    def start(self, batch_id: str, items: list[BatchItem]) -> Batch | None:
+        """validating -> in_progress with the batch's requests stored, in one transaction."""
+        with self._tx() as db:
+            b = self._transition(db, batch_id, "in_progress", ("validating",), {})
+            if b is not None:
+                db.executemany(
+                    "INSERT INTO requests (batch_id, line, custom_id, body) VALUES (?, ?, ?, ?)",
+                    [(batch_id, i.line, i.custom_id, i.body) for i in items],
+                )
+            return b
+
+    def pending(self, batch_id: str) -> list[BatchItem]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT line, custom_id, body FROM requests WHERE batch_id = ? AND ok IS NULL ORDER BY line",
+                (batch_id,),
+            ).fetchall()
+        return [BatchItem(line, custom_id, bytes(body)) for line, custom_id, body in rows]
+
+    def put_result(self, batch_id: str, line: int, ok: bool, result: bytes) -> bool:
+        """Store a request's output line; False if it already had one (it is never overwritten)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE requests SET ok = ?, result = ? WHERE batch_id = ? AND line = ? AND ok IS NULL",
+                (int(ok), result, batch_id, line),
+            )
+            return cur.rowcount > 0
+
+    def finish(self, batch_id: str, status: BatchStatus) -> Batch | None:
+        """Write the output and error files from the stored results (in input order) and set the final
+        status, in one transaction: a crash before it commits leaves the batch to finish again."""
+        with self._tx() as db:
+            files: dict[str, object] = {}
+            for ok, name in ((1, "output_file_id"), (0, "error_file_id")):
+                rows = db.execute(
+                    "SELECT result FROM requests WHERE batch_id = ? AND ok = ? ORDER BY line", (batch_id, ok)
+                ).fetchall()
+                if rows:
+                    content = b"".join(bytes(r[0]) + b"\n" for r in rows)
+                    files[name] = self._insert_file(
+                        db, "batch_output", f"{batch_id}_{name[:-8]}.jsonl", content
+                    ).id
+            return self._transition(db, batch_id, status, ACTIVE, files)

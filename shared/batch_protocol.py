@@ -1,0 +1,141 @@
+"""OpenAI's Files and Batch API wire types as msgspec Structs (the shapes of openai-python's `FileObject`,
+`Batch`, their lists, and the lines of batch input and output files).
+
+Requests decode strictly with unknown fields ignored, as in protocol.py. A batch input line keeps its
+`body` as the raw JSON bytes (`msgspec.Raw`), so a batch request is decoded by the very code that
+decodes a live request's body.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import Struct
+
+BatchStatus = Literal[
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+]
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+# -- files ------------------------------------------------------------------------------------
+
+
+class FileObject(Struct, kw_only=True):
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    object: Literal["file"] = "file"
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
+class FileList(Struct, kw_only=True):
+    data: list[FileObject]
+    object: Literal["list"] = "list"
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class FileDeleted(Struct, kw_only=True):
+    id: str
+    deleted: bool = True
+    object: Literal["file"] = "file"
+
+
+class FileUpload(Struct, kw_only=True):
+    """The multipart form of POST /v1/files, as documented (the route reads the form itself)."""
+
+    file: bytes
+    purpose: str
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+class BatchCreateRequest(Struct, kw_only=True):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+class BatchRequestCounts(Struct, kw_only=True):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class BatchError(Struct, kw_only=True):
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None  # 1-based line of the input file
+
+
+class BatchErrors(Struct, kw_only=True):
+    data: list[BatchError]
+    object: Literal["list"] = "list"
+
+
+class Batch(Struct, kw_only=True):
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    created_at: int
+    object: Literal["batch"] = "batch"
+    errors: BatchErrors | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: BatchRequestCounts = msgspec.field(default_factory=BatchRequestCounts)
+    metadata: dict[str, str] | None = None
+
+
+class BatchList(Struct, kw_only=True):
+    data: list[Batch]
+    object: Literal["list"] = "list"
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+# -- lines of batch files ---------------------------------------------------------------------
+
+
+class BatchInputLine(Struct, kw_only=True):
+    custom_id: str
+    method: str
+    url: str
+    body: msgspec.Raw
+
+
+class BatchLineResponse(Struct, kw_only=True):
+    status_code: int
+    request_id: str
+    body: msgspec.Raw  # the JSON the live route would have answered (a completion or an error body)
+
+
+class BatchLineError(Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class BatchOutputLine(Struct, kw_only=True):
+    id: str
+    custom_id: str
+    response: BatchLineResponse | None
+    error: BatchLineError | None

@@ -1,0 +1,142 @@
+"""The Batch API's store and input rules: results written once, counts read from results, keys that
+replay or refuse, state changes that only happen from the states they name, and all of it persisted."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway import file_store
+from gateway.batch_input import BatchItem, parse_batch_input
+from gateway.batch_store import BatchStore
+from gateway.file_store import KEY_REUSED, Idem
+from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, FileObject
+
+CHAT = "/v1/chat/completions"
+
+
+def line(custom_id: str, url: str = CHAT, **over: object) -> bytes:
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": url, "body": {"x": 1}, **over}
+    ).encode()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BatchStore:
+    return BatchStore(tmp_path / "db" / "batches.sqlite")
+
+
+def new_batch(store: BatchStore, n: int = 3) -> Batch:
+    f = store.put_file("batch", "in.jsonl", b"\n".join(line(f"r{i}") for i in range(n)))
+    assert isinstance(f, FileObject)
+    b = store.create_batch(BatchCreateRequest(input_file_id=f.id, endpoint=CHAT, completion_window="24h"))
+    assert isinstance(b, Batch)
+    return b
+
+
+def test_input_lines_parse_in_order_with_their_line_numbers() -> None:
+    items = parse_batch_input(line("a") + b"\n\n" + line("b") + b"\n", CHAT)
+    assert items == [BatchItem(1, "a", b'{"x": 1}'), BatchItem(3, "b", b'{"x": 1}')]
+
+
+def test_every_bad_line_is_named() -> None:
+    content = b"\n".join(
+        [line("a"), b"[1]", line("a"), line("b", method="GET"), line("c", url="/v1/x"), line("d", body=3)]
+    )
+    errors = parse_batch_input(content, CHAT)
+    assert all(isinstance(e, BatchError) for e in errors)
+    assert [(e.line, e.code) for e in errors if isinstance(e, BatchError)] == [
+        (2, "invalid_request"),
+        (3, "duplicate_custom_id"),
+        (4, "invalid_method"),
+        (5, "mismatched_url"),
+        (6, "invalid_request"),
+    ]
+    assert [e.code for e in parse_batch_input(b"\n \n", CHAT) if isinstance(e, BatchError)] == ["empty_file"]
+
+
+def test_a_result_is_written_once_and_counts_follow_results(store: BatchStore) -> None:
+    b = new_batch(store)
+    items = parse_batch_input(store.file_content(b.input_file_id) or b"", CHAT)
+    started = store.start(b.id, [i for i in items if isinstance(i, BatchItem)])
+    assert started is not None and started.status == "in_progress" and started.in_progress_at
+    assert store.put_result(b.id, 2, True, b'{"n":2}')
+    assert not store.put_result(b.id, 2, False, b'{"n":"again"}')  # never overwritten
+    assert store.put_result(b.id, 1, False, b'{"n":1}')
+    assert [i.custom_id for i in store.pending(b.id)] == ["r2"]
+    counts = (store.get_batch(b.id) or b).request_counts
+    assert (counts.total, counts.completed, counts.failed) == (3, 1, 1)
+
+
+def test_finish_writes_output_and_error_files_in_input_order(store: BatchStore) -> None:
+    b = new_batch(store)
+    store.start(b.id, [BatchItem(i, f"r{i}", b"{}") for i in (1, 2, 3)])
+    for no, ok in ((3, True), (1, True), (2, False)):
+        store.put_result(b.id, no, ok, f'{{"line":{no}}}'.encode())
+    assert store.finish(b.id, "completed") is not None
+    done = store.get_batch(b.id)
+    assert done is not None and done.status == "completed" and done.completed_at
+    assert store.file_content(done.output_file_id or "") == b'{"line":1}\n{"line":3}\n'
+    assert store.file_content(done.error_file_id or "") == b'{"line":2}\n'
+    assert store.finish(b.id, "completed") is None  # a done batch stays done, with its files
+
+
+def test_transitions_happen_only_from_the_states_named(store: BatchStore) -> None:
+    b = new_batch(store)
+    assert store.transition(b.id, "cancelling", only_from=("validating", "in_progress")) is not None
+    assert store.start(b.id, []) is None  # cancelled while validating: its requests are never stored
+    assert store.next_active() is not None and store.finish(b.id, "cancelled") is not None
+    assert store.next_active() is None
+    assert store.transition(b.id, "cancelling", only_from=("validating", "in_progress")) is None
+
+
+def test_idempotency_key_replays_refuses_and_expires(
+    store: BatchStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    idem = Idem("/v1/files", "k", b"digest-1")
+    first = store.put_file("batch", "a.jsonl", b"{}", idem)
+    assert store.put_file("batch", "a.jsonl", b"{}", idem) == first
+    assert store.put_file("batch", "b.jsonl", b"[]", Idem("/v1/files", "k", b"digest-2")) is KEY_REUSED
+    assert store.put_file("batch", "b.jsonl", b"[]", Idem("/v1/batches", "k", b"digest-2")) != first
+    monkeypatch.setattr(file_store, "KEY_TTL_S", -1)  # every key is past its time
+    assert store.put_file("batch", "a.jsonl", b"{}", idem) != first
+
+
+def test_racing_retries_with_one_key_create_one_object(store: BatchStore) -> None:
+    idem = Idem("/v1/files", "race", b"d")
+    results: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(store.put_file("batch", "f", b"x", idem)))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({r.id for r in results if isinstance(r, FileObject)}) == 1
+    assert len(store.list_files(100, None, None)) == 1
+
+
+def test_state_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "batches.sqlite"
+    store = BatchStore(path)
+    b = new_batch(store)
+    store.start(b.id, [BatchItem(1, "a", b"{}"), BatchItem(2, "b", b"{}")])
+    store.put_result(b.id, 1, True, b"{}")
+    store.put_file("batch", "k.jsonl", b"{}", Idem("/v1/files", "key", b"d"))
+    store.close()
+    again = BatchStore(path)
+    assert [i.custom_id for i in again.pending(b.id)] == ["b"]
+    assert again.put_file("batch", "other", b"[]", Idem("/v1/files", "key", b"e")) is KEY_REUSED
+    nxt = again.next_active()
+    assert nxt is not None and nxt.id == b.id and nxt.request_counts.completed == 1
+
+
+def test_pages_are_newest_first_after_a_cursor(store: BatchStore) -> None:
+    ids = [new_batch(store, 1).id for _ in range(3)]
+    assert [b.id for b in store.list_batches(2, None)] == ids[::-1]  # one more than asked: has_more
+    assert [b.id for b in store.list_batches(2, ids[1])] == [ids[0]]
+    assert store.delete_file(store.list_files(1, None, "batch")[0].id)
