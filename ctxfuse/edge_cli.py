@@ -61,6 +61,9 @@ def _cmd_edge(args: argparse.Namespace) -> int:
         port=args.port,
         state_dir=args.state_dir,
         chunk_threshold=args.chunk_threshold,
+        outbox_max_bytes=int(args.outbox_max_mib * 2**20),
+        outbox_full_policy=args.outbox_full_policy,
+        retry_cap_s=args.retry_cap_s,
     )
     server = agent_server(config, args.log_level)
     print(
@@ -87,7 +90,29 @@ def add_edge_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--host", default=d.host, help=f"address apps connect to (default {d.host})")
     p.add_argument("--port", type=int, default=d.port, help=f"port apps connect to (default {d.port})")
     p.add_argument(
-        "--state-dir", type=Path, default=None, help="acknowledged chunks (default CTXFUSE_HOME/edge)"
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="acknowledged chunks and the batch outbox (default CTXFUSE_HOME/edge)",
+    )
+    p.add_argument(
+        "--outbox-max-mib",
+        type=float,
+        default=d.outbox_max_bytes / 2**20,
+        help=f"bound on batch files held for the gateway (default {d.outbox_max_bytes / 2**20:g})",
+    )
+    p.add_argument(
+        "--outbox-full-policy",
+        choices=["refuse", "drop_oldest"],
+        default=d.outbox_full_policy,
+        help=f"when the outbox is full: refuse new files (429) or drop the oldest batches"
+        f" (default {d.outbox_full_policy})",
+    )
+    p.add_argument(
+        "--retry-cap-s",
+        type=float,
+        default=d.retry_cap_s,
+        help=f"longest wait between attempts to reach the gateway (default {d.retry_cap_s:g})",
     )
     p.add_argument(
         "--chunk-threshold",

@@ -3,6 +3,9 @@ the agent forwards chat and completions over the edge link (edge/uplink.py), str
 models as they are. When the gateway cannot be reached the app gets a 503 in OpenAI's error shape
 with Retry-After, never a hang or a bare connection error.
 
+Batches (Files and Batch API) are accepted even while the gateway is down: they wait in the outbox
+(outbox.py) and the forwarder (forwarder.py) runs them on the gateway when the link is back.
+
 Metrics at /metrics: ctxfuse_edge_request_bytes_total (request bytes received from apps) and
 ctxfuse_edge_upload_bytes_total (bytes sent to the gateway, after dedup and compression).
 """
@@ -22,18 +25,22 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from shared.tls import client_context
 
+from . import batch_routes
 from .acked import AckedChunks
 from .config import EdgeConfig
 from .encode import Endpoint
+from .errors import JSON
+from .errors import error_response as _error
+from .forwarder import Forwarder
+from .outbox import Outbox
 from .uplink import GatewayUnreachable, Uplink
 
 AnyRequest = Request[Any, Any, Any]
-JSON = "application/json"
 _PASSED_HEADERS = ("retry-after", "x-request-id")
 
 
 class Agent:
-    """The agent's state: its uplink and its counters."""
+    """The agent's state: its uplink, its batch outbox and forwarder, and its counters."""
 
     def __init__(self, config: EdgeConfig) -> None:
         self.config = config
@@ -42,6 +49,10 @@ class Agent:
         self.uplink = Uplink(
             config.gateway_url, tls, self.acked, config.chunk_threshold, config.connect_timeout_s
         )
+        self.outbox = Outbox(
+            config.state / "outbox.sqlite", config.outbox_max_bytes, config.outbox_full_policy
+        )
+        self.forwarder = Forwarder(self.outbox, self.uplink, config)
         self.registry = CollectorRegistry()
         self.request_bytes = Counter(
             "ctxfuse_edge_request_bytes", "Request bytes received from apps", registry=self.registry
@@ -52,26 +63,19 @@ class Agent:
             registry=self.registry,
         )
 
+    async def start(self) -> None:
+        self.forwarder.start()  # batches accepted before a restart go on from their last state
+
     async def close(self) -> None:
+        await self.forwarder.stop()
         await self.uplink.close()
+        self.outbox.close()
         self.acked.close()
 
 
 def _agent(request: AnyRequest) -> Agent:
     agent: Agent = request.app.state.agent
     return agent
-
-
-def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response[bytes]:
-    body = {
-        "error": {
-            "message": message,
-            "type": "server_error" if status >= 500 else "invalid_request_error",
-            "param": None,
-            "code": code,
-        }
-    }
-    return Response(msgspec.json.encode(body), status_code=status, media_type=JSON, headers=headers or {})
 
 
 def _unreachable(agent: Agent, exc: GatewayUnreachable) -> Response[bytes]:
@@ -162,8 +166,9 @@ async def health() -> dict[str, str]:
 
 def create_agent_app(agent: Agent) -> Litestar:
     return Litestar(
-        route_handlers=[chat_completions, completions, models, metrics, health],
+        route_handlers=[chat_completions, completions, models, metrics, health, *batch_routes.ROUTES],
         state=State({"agent": agent}),
+        on_startup=[agent.start],
         on_shutdown=[agent.close],
         openapi_config=None,
         logging_config=None,

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+FullPolicy = Literal["refuse", "drop_oldest"]
 
 
 def default_state_dir() -> Path:
@@ -19,11 +22,17 @@ class EdgeConfig:
     name: str  # this device's name, as its certificate was issued
     host: str = "127.0.0.1"  # the apps' side: loopback only by default
     port: int = 8100
-    state_dir: Path | None = None  # acknowledged chunks (and, later, the outbox); default under CTXFUSE_HOME
+    state_dir: Path | None = None  # acknowledged chunks and the batch outbox; default under CTXFUSE_HOME
     chunk_threshold: int = 2048  # strings of at least this many UTF-8 bytes travel as chunks
     max_acked_chunks: int = 200_000  # digests remembered as held by the gateway (LRU)
     connect_timeout_s: float = 5.0
     retry_after_s: int = 5  # told to apps when the gateway cannot be reached
+    outbox_max_bytes: int = 1 << 30  # batch files held in the outbox (inputs and fetched results)
+    outbox_full_policy: FullPolicy = "refuse"  # when full: refuse new files, or drop the oldest batches
+    retry_base_s: float = 1.0  # first wait after a link failure; doubles per failure (full jitter)
+    retry_cap_s: float = 300.0  # the longest wait between attempts to reach the gateway
+    poll_s: float = 2.0  # first wait between looks at a forwarded batch; doubles up to poll_max_s
+    poll_max_s: float = 60.0
 
     @property
     def state(self) -> Path:

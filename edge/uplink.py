@@ -53,8 +53,12 @@ class Uplink:
         return resp
 
     async def get(self, path: str) -> httpx.Response:
+        return await self.request("GET", path)
+
+    async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """A plain call to the gateway (the Batch API), read whole; httpx's keywords as they are."""
         try:
-            return await self._client.get(path)
+            return await self._client.request(method, path, **kw)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(_why(exc)) from exc
 

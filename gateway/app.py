@@ -30,7 +30,8 @@ def create_app(
 ) -> tuple[ASGIApp, Gateway]:
     """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py)."""
     gateway = gateway or Gateway(backend, config)
-    batches = BatchRunner(gateway, config.data / "batches.sqlite")  # one per process: this app owns it
+    batches = gateway.batches or BatchRunner(gateway, config.data / "batches.sqlite")
+    gateway.batches = batches  # one per process, shared with the edge listener's app
     app = Litestar(
         route_handlers=[*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

@@ -1,7 +1,9 @@
 """The edge listener: a second uvicorn server in the gateway's process, on its own port, that takes
 only clients with a device certificate from our CA that is not revoked (shared/tls.py), and serves
-only the edge routes and the model list. It shares the gateway's state (engine, metrics, chunk
-store) with the plain-HTTP app, and starts and stops with it.
+the edge routes, the model list and the Batch API (the agent's outbox forwards batches here). It
+shares the gateway's state (engine, metrics, chunk store, batch runner) with the plain-HTTP app, and
+starts and stops with it. The batch runner is one per process: the plain app makes and runs it; an
+edge listener serving alone (tests) makes and runs its own.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from litestar.types import ASGIApp
 
 from shared.tls import edge_listener
 
-from . import edge_routes
+from . import batch_routes, edge_routes
+from .batch_runner import BatchRunner
 from .device_limit import DeviceLimit
 from .errors import EXCEPTION_HANDLERS
 from .observe import Observe
@@ -25,11 +28,16 @@ from .state import Gateway
 
 
 def create_edge_app(gateway: Gateway) -> ASGIApp:
+    owns_runner = gateway.batches is None
+    batches = gateway.batches or BatchRunner(gateway, gateway.config.data / "batches.sqlite")
+    gateway.batches = batches
     app = Litestar(
-        route_handlers=[*edge_routes.ROUTES, list_models, retrieve_model],
+        route_handlers=[*edge_routes.ROUTES, list_models, retrieve_model, *batch_routes.ROUTES],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=gateway.config.max_body_bytes,
-        state=State({"gateway": gateway}),
+        on_startup=[batches.start] if owns_runner else [],
+        on_shutdown=[batches.stop] if owns_runner else [],
+        state=State({"gateway": gateway, "batches": batches}),
         openapi_config=None,
         logging_config=None,
     )
@@ -73,6 +81,6 @@ def build_edge_server(gateway: Gateway) -> EdgeServer:
         log_config=None,
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.shutdown_timeout_s),
-        lifespan="off",
+        lifespan="on",  # runs the batch runner when this app owns it
     )
     return EdgeServer(listener.config)

@@ -4,6 +4,7 @@ flag. One instance per app (held in Litestar's app state)."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from shared.errors import NotFoundError
 
@@ -13,6 +14,9 @@ from .config import GatewayConfig
 from .errors import ServiceUnavailableError
 from .logprobs import TokenTexts
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from .batch_runner import BatchRunner
 
 
 class Gateway:
@@ -26,6 +30,8 @@ class Gateway:
         self.texts = TokenTexts(backend.tokenizer)
         self.created = int(time.time())
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
+        # the Batch API's runner, one per process: made by the first app built over this state
+        self.batches: BatchRunner | None = None
 
     def not_ready_reason(self) -> str | None:
         if self.draining:

@@ -1,0 +1,136 @@
+"""The agent's Files and Batch API: what an app uploads and creates is stored in the outbox (outbox.py)
+and answered at once with local ids, whether or not the gateway can be reached; the forwarder
+(forwarder.py) runs it on the gateway. A batch reads "validating" until the gateway has it, then
+mirrors the gateway's view; its output and error files are readable here once fetched.
+
+POST /v1/files and POST /v1/batches honour an app's `Idempotency-Key` as the gateway does: the same
+key with the same request answers the first object; with a different request, a 422.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.datastructures import UploadFile
+from litestar.params import FromPath
+
+from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest
+
+from .errors import JSON, error_response
+from .outbox import KeyReused, OutboxFull
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+AnyRequest = Request[Any, Any, Any]
+MAX_FILE_BYTES = 100 * 2**20  # as the gateway takes
+_FORM_OVERHEAD = 2**20
+
+
+def _agent(request: AnyRequest) -> Agent:
+    agent: Agent = request.app.state.agent
+    return agent
+
+
+def _json(obj: object) -> Response[bytes]:
+    return Response(msgspec.json.encode(obj), media_type=JSON)
+
+
+def _digest(*parts: bytes) -> bytes:
+    digest = hashlib.sha256()
+    for part in parts:  # length-prefixed, so no two different part lists hash alike
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.digest()
+
+
+def _key_reused() -> Response[bytes]:
+    return error_response(
+        422, "this Idempotency-Key was used with a different request", "idempotency_key_reused"
+    )
+
+
+def _not_found(what: str, ident: str) -> Response[bytes]:
+    return error_response(404, f"no {what} with id {ident!r}", f"{what}_not_found")
+
+
+@post("/v1/files", status_code=200, request_max_body_size=MAX_FILE_BYTES + _FORM_OVERHEAD)
+async def create_file(request: AnyRequest) -> Response[bytes]:
+    if request.content_type[0] != "multipart/form-data":
+        return error_response(
+            400, "send the file as multipart/form-data with `file` and `purpose`", "bad_form"
+        )
+    form = await request.form()
+    purpose, upload = form.get("purpose"), form.get("file")
+    if purpose != "batch" or not isinstance(upload, UploadFile):
+        return error_response(400, "the form needs `purpose` 'batch' and a `file`", "bad_form")
+    try:
+        content = await upload.read()
+    finally:
+        await upload.close()
+    name = upload.filename or "upload.jsonl"
+    agent = _agent(request)
+    key = request.headers.get("idempotency-key")
+    digest = _digest(purpose.encode(), name.encode(), content)
+    made = await asyncio.to_thread(agent.outbox.put_file, name, purpose, content, key, digest)
+    if isinstance(made, KeyReused):
+        return _key_reused()
+    if isinstance(made, OutboxFull):
+        return error_response(
+            429,
+            f"the outbox is full: the file needs {made.needed} bytes, {made.free} are free; retry later",
+            "outbox_full",
+            {"Retry-After": str(agent.config.retry_after_s)},
+        )
+    return _json(made)
+
+
+@post("/v1/batches", status_code=200)
+async def create_batch(request: AnyRequest) -> Response[bytes]:
+    raw = await request.body()
+    try:
+        req = msgspec.json.decode(raw, type=BatchCreateRequest)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return error_response(400, f"the request body is not a batch request ({exc})", "invalid_request")
+    if req.endpoint not in BATCH_ENDPOINTS:
+        return error_response(
+            400, f"endpoint must be one of {', '.join(BATCH_ENDPOINTS)}", "invalid_endpoint"
+        )
+    if req.completion_window != "24h":
+        return error_response(400, "completion_window must be '24h'", "invalid_completion_window")
+    agent = _agent(request)
+    if await asyncio.to_thread(agent.outbox.get_file, req.input_file_id) is None:
+        return _not_found("file", req.input_file_id)
+    key = request.headers.get("idempotency-key")
+    digest = _digest(msgspec.json.encode(req, order="sorted"))
+    made = await asyncio.to_thread(agent.outbox.create_batch, req, key, digest)
+    if isinstance(made, KeyReused):
+        return _key_reused()
+    agent.forwarder.wake()
+    return _json(made)
+
+
+@get("/v1/batches/{batch_id:str}")
+async def retrieve_batch(request: AnyRequest, batch_id: FromPath[str]) -> Response[bytes]:
+    batch = await asyncio.to_thread(_agent(request).outbox.get_batch, batch_id)
+    return _not_found("batch", batch_id) if batch is None else _json(batch)
+
+
+@get("/v1/files/{file_id:str}")
+async def retrieve_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
+    f = await asyncio.to_thread(_agent(request).outbox.get_file, file_id)
+    return _not_found("file", file_id) if f is None else _json(f)
+
+
+@get("/v1/files/{file_id:str}/content")
+async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
+    content = await asyncio.to_thread(_agent(request).outbox.file_content, file_id)
+    if content is None:
+        return _not_found("file", file_id)
+    return Response(content, media_type="application/octet-stream")
+
+
+ROUTES = [create_file, create_batch, retrieve_batch, retrieve_file, file_content]

@@ -1,0 +1,366 @@
+"""The agent's batch outbox: files and batches accepted from apps, kept in SQLite until the gateway
+has run them and their results are stored here. Apps see local ids; the gateway's ids are recorded
+as the forwarder (forwarder.py) learns them.
+
+A batch moves   local --(input file uploaded)--> file_uploaded --(batch created)--> batch_created
+                      --(results fetched)--> completed
+
+Invariants that make a kill -9 at any moment lose nothing and duplicate nothing:
+- a file or batch is accepted in one transaction that also stores the Idempotency-Key the forwarder
+  will send for it, so every retry of an upload or a create carries the same key and the gateway
+  answers the first object it made;
+- each state change is one transaction, written only after the gateway answered, so a crash repeats
+  the last step (which the key makes harmless) and never skips one;
+- a result file is stored under the gateway's file id (unique), in the same transaction that
+  completes the batch.
+
+The outbox is bounded in stored file bytes. When an app's file does not fit, the policy either
+refuses it (`OutboxFull`) or drops the oldest batches, with their files, until it fits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchErrors, FileObject
+
+from .config import FullPolicy
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    filename TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    content BLOB NOT NULL,
+    idem_key TEXT NOT NULL,   -- sent with the upload to the gateway
+    remote_id TEXT UNIQUE,    -- the gateway's id: once uploaded (inputs) or where fetched from (results)
+    app_key TEXT UNIQUE,      -- the app's Idempotency-Key, with a digest of its request
+    app_digest BLOB
+);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    request BLOB NOT NULL,    -- the app's BatchCreateRequest (JSON), input_file_id local
+    created_at INTEGER NOT NULL,
+    idem_key TEXT NOT NULL,
+    state TEXT NOT NULL,      -- local | file_uploaded | batch_created | completed
+    remote_id TEXT,
+    remote BLOB,              -- the gateway's Batch as last seen (JSON)
+    output_file_id TEXT,
+    error_file_id TEXT,
+    app_key TEXT UNIQUE,
+    app_digest BLOB
+);
+"""
+T = TypeVar("T")
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxFull:
+    """The file does not fit under the bound (policy refuse, or larger than the whole bound)."""
+
+    needed: int
+    free: int
+
+
+class KeyReused:
+    """The app's Idempotency-Key already names a different request."""
+
+
+KEY_REUSED = KeyReused()
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A batch the forwarder still has work on, with what each step needs."""
+
+    batch_id: str
+    state: str
+    request: BatchCreateRequest  # input_file_id is the local id
+    idem_key: str
+    file_remote_id: str | None
+    remote_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    filename: str
+    purpose: str
+    content: bytes
+    idem_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A result file downloaded from the gateway."""
+
+    remote_id: str
+    content: bytes
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+class Outbox:
+    def __init__(self, path: Path, max_bytes: int, policy: FullPolicy) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # an accepted batch survives power loss too
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+        self.max_bytes = max_bytes
+        self.policy = policy
+
+    # -- what apps do -----------------------------------------------------------------------------
+
+    def put_file(
+        self, filename: str, purpose: str, content: bytes, app_key: str | None, digest: bytes
+    ) -> FileObject | OutboxFull | KeyReused:
+        with self._lock, self._tx():
+            if app_key is not None:
+                row = self._db.execute("SELECT id, app_digest FROM files WHERE app_key = ?", (app_key,))
+                found = row.fetchone()
+                if found is not None:
+                    return self._known(self._file(found[0])) if bytes(found[1]) == digest else KEY_REUSED
+            full = self._make_room(len(content))
+            if full is not None:
+                return full
+            file_id = _new_id("file-")
+            self._db.execute(
+                "INSERT INTO files (id, filename, purpose, created_at, content, idem_key, app_key,"
+                " app_digest)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (file_id, filename, purpose, int(time.time()), content, uuid.uuid4().hex, app_key, digest),
+            )
+            return self._known(self._file(file_id))
+
+    def create_batch(self, req: BatchCreateRequest, app_key: str | None, digest: bytes) -> Batch | KeyReused:
+        with self._lock, self._tx():
+            if app_key is not None:
+                found = self._db.execute(
+                    "SELECT id, app_digest FROM batches WHERE app_key = ?", (app_key,)
+                ).fetchone()
+                if found is not None:
+                    return self._known(self._batch(found[0])) if bytes(found[1]) == digest else KEY_REUSED
+            batch_id = _new_id("batch_")
+            self._db.execute(
+                "INSERT INTO batches (id, request, created_at, idem_key, state, app_key, app_digest)"
+                " VALUES (?, ?, ?, ?, 'local', ?, ?)",
+                (batch_id, msgspec.json.encode(req), int(time.time()), uuid.uuid4().hex, app_key, digest),
+            )
+            return self._known(self._batch(batch_id))
+
+    def get_file(self, file_id: str) -> FileObject | None:
+        with self._lock:
+            return self._file(file_id)
+
+    def file_content(self, file_id: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT content FROM files WHERE id = ?", (file_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def get_batch(self, batch_id: str) -> Batch | None:
+        with self._lock:
+            return self._batch(batch_id)
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._used()
+
+    # -- what the forwarder does ------------------------------------------------------------------
+
+    def pending(self) -> list[Pending]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT b.id, b.state, b.request, b.idem_key, f.remote_id, b.remote_id FROM batches b"
+                " LEFT JOIN files f ON f.id = json_extract(b.request, '$.input_file_id')"
+                " WHERE b.state != 'completed' ORDER BY b.seq"
+            ).fetchall()
+        return [
+            Pending(r[0], r[1], msgspec.json.decode(r[2], type=BatchCreateRequest), r[3], r[4], r[5])
+            for r in rows
+        ]
+
+    def upload_of(self, file_id: str) -> Upload | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT filename, purpose, content, idem_key FROM files WHERE id = ?", (file_id,)
+            ).fetchone()
+        return None if row is None else Upload(row[0], row[1], bytes(row[2]), row[3])
+
+    def remote_file_id(self, file_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT remote_id FROM files WHERE id = ?", (file_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def file_uploaded(self, batch_id: str, file_id: str, remote_file_id: str) -> None:
+        with self._lock, self._tx():
+            self._db.execute("UPDATE files SET remote_id = ? WHERE id = ?", (remote_file_id, file_id))
+            self._db.execute(
+                "UPDATE batches SET state = 'file_uploaded' WHERE id = ? AND state = 'local'", (batch_id,)
+            )
+
+    def batch_created(self, batch_id: str, remote: Batch) -> None:
+        with self._lock, self._tx():
+            self._db.execute(
+                "UPDATE batches SET state = 'batch_created', remote_id = ?, remote = ? WHERE id = ?",
+                (remote.id, msgspec.json.encode(remote), batch_id),
+            )
+
+    def observe(self, batch_id: str, remote: Batch) -> None:
+        with self._lock, self._tx():
+            self._db.execute(
+                "UPDATE batches SET remote = ? WHERE id = ?", (msgspec.json.encode(remote), batch_id)
+            )
+
+    def complete(self, batch_id: str, remote: Batch, output: Fetched | None, error: Fetched | None) -> None:
+        """Store the results and finish the batch, all or nothing."""
+        with self._lock, self._tx():
+            ids = [self._put_result(f) if f is not None else None for f in (output, error)]
+            self._db.execute(
+                "UPDATE batches SET state = 'completed', remote = ?, output_file_id = ?, error_file_id = ?"
+                " WHERE id = ?",
+                (msgspec.json.encode(remote), ids[0], ids[1], batch_id),
+            )
+
+    def fail(self, batch_id: str, code: str, message: str) -> None:
+        """The gateway refused the batch (not a link failure): it ends here, failed, with the reason."""
+        now = int(time.time())
+        with self._lock:
+            batch = self._batch(batch_id)
+        if batch is None:
+            return
+        errors = BatchErrors(data=[BatchError(code=code, message=message)])
+        failed = msgspec.structs.replace(batch, status="failed", failed_at=now, errors=errors)
+        self.complete(batch_id, failed, None, None)
+
+    # -- inside the lock ----------------------------------------------------------------------------
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def _used(self) -> int:
+        return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(content)), 0) FROM files").fetchone()[0])
+
+    def _make_room(self, needed: int) -> OutboxFull | None:
+        used = self._used()
+        while used + needed > self.max_bytes:
+            if self.policy == "refuse" or needed > self.max_bytes or not self._drop_oldest():
+                return OutboxFull(needed=needed, free=max(0, self.max_bytes - used))
+            used = self._used()
+        return None
+
+    def _drop_oldest(self) -> bool:
+        """Drop the oldest batch and the files only it used (or, with no batch, the oldest file)."""
+        row = self._db.execute(
+            "SELECT id, json_extract(request, '$.input_file_id'), output_file_id, error_file_id"
+            " FROM batches ORDER BY seq LIMIT 1"
+        ).fetchone()
+        if row is None:
+            oldest = self._db.execute("SELECT id FROM files ORDER BY seq LIMIT 1").fetchone()
+            if oldest is None:
+                return False
+            self._db.execute("DELETE FROM files WHERE id = ?", (oldest[0],))
+            return True
+        self._db.execute("DELETE FROM batches WHERE id = ?", (row[0],))
+        for file_id in row[1:]:
+            still_used = self._db.execute(
+                "SELECT 1 FROM batches WHERE json_extract(request, '$.input_file_id') = ?", (file_id,)
+            ).fetchone()
+            if file_id is not None and still_used is None:
+                self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        return True
+
+    def _put_result(self, fetched: Fetched) -> str:
+        self._db.execute(
+            "INSERT OR IGNORE INTO files (id, filename, purpose, created_at, content, idem_key, remote_id)"
+            " VALUES (?, ?, 'batch_output', ?, ?, '', ?)",
+            (
+                _new_id("file-"),
+                f"{fetched.remote_id}.jsonl",
+                int(time.time()),
+                fetched.content,
+                fetched.remote_id,
+            ),
+        )
+        row = self._db.execute("SELECT id FROM files WHERE remote_id = ?", (fetched.remote_id,)).fetchone()
+        return str(row[0])
+
+    @staticmethod
+    def _known(obj: T | None) -> T:
+        if obj is None:  # rows read back inside the transaction that wrote them
+            raise LookupError("a row written in this transaction is missing")
+        return obj
+
+    def _file(self, file_id: str) -> FileObject | None:
+        row = self._db.execute(
+            "SELECT id, LENGTH(content), created_at, filename, purpose FROM files WHERE id = ?", (file_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return FileObject(id=row[0], bytes=row[1], created_at=row[2], filename=row[3], purpose=row[4])
+
+    def _batch(self, batch_id: str) -> Batch | None:
+        row = self._db.execute(
+            "SELECT request, created_at, state, remote, output_file_id, error_file_id"
+            " FROM batches WHERE id = ?",
+            (batch_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        req = msgspec.json.decode(row[0], type=BatchCreateRequest)
+        local = Batch(
+            id=batch_id,
+            endpoint=req.endpoint,
+            input_file_id=req.input_file_id,
+            completion_window=req.completion_window,
+            status="validating",  # until the gateway has it
+            created_at=row[1],
+            metadata=req.metadata,
+        )
+        if row[3] is None:
+            return local
+        remote = msgspec.json.decode(row[3], type=Batch)
+        status = remote.status
+        if row[2] != "completed" and status in TERMINAL:
+            status = "finalizing"  # done there, results not yet here
+        return msgspec.structs.replace(
+            remote,
+            id=local.id,
+            input_file_id=local.input_file_id,
+            created_at=local.created_at,
+            metadata=local.metadata,
+            status=status,
+            output_file_id=row[4],
+            error_file_id=row[5],
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on an exception (the connection runs in autocommit)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
