@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from cloud.model.registry import cache_dir
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -33,8 +34,7 @@ class GatewayConfig:
 
     @property
     def data(self) -> Path:
-        home = Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
-        return self.data_dir or home / "gateway"
+        return self.data_dir or cache_dir() / "gateway"
 
     @property
     def base_url(self) -> str:

@@ -24,6 +24,7 @@ from .device_limit import DeviceLimit
 from .errors import EXCEPTION_HANDLERS
 from .observe import Observe
 from .openai_routes import list_models, retrieve_model
+from .server import bound_port
 from .state import Gateway
 
 
@@ -56,10 +57,7 @@ class EdgeServer(uvicorn.Server):
 
     @property
     def bound_port(self) -> int | None:
-        for server in getattr(self, "servers", []):
-            for sock in server.sockets:
-                return int(sock.getsockname()[1])
-        return None
+        return bound_port(self)
 
     async def startup(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         await super().startup(sockets)  # type: ignore[arg-type]

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from types import FrameType
 
 import structlog
 import uvicorn
 
 from cloud.engine.config import EngineConfig
+from cloud.model.registry import cache_dir
 
 from .app import create_app
 from .backend import Backend, InProcessBackend
@@ -30,6 +29,14 @@ from .logs import configure_logging
 from .state import Gateway
 
 log = structlog.get_logger("ctxfuse.gateway")
+
+
+def bound_port(server: uvicorn.Server) -> int | None:
+    """The port a started server listens on (the one the OS chose for port 0)."""
+    for listener in getattr(server, "servers", []):
+        for sock in listener.sockets:
+            return int(sock.getsockname()[1])
+    return None
 
 
 class GatewayServer(uvicorn.Server):
@@ -65,10 +72,7 @@ class GatewayServer(uvicorn.Server):
 
     @property
     def bound_port(self) -> int | None:
-        for server in getattr(self, "servers", []):
-            for sock in server.sockets:
-                return int(sock.getsockname()[1])
-        return None
+        return bound_port(self)
 
     async def startup(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         await super().startup(sockets)  # type: ignore[arg-type]
@@ -100,8 +104,8 @@ def build_server(
 
 
 def open_chunk_store(config: GatewayConfig) -> ChunkStore:
-    home = Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
-    return ChunkStore(config.chunk_store or home / "chunks.sqlite", int(config.chunk_store_mib * 2**20))
+    path = config.chunk_store or cache_dir() / "chunks.sqlite"
+    return ChunkStore(path, int(config.chunk_store_mib * 2**20))
 
 
 def run_servers(server: GatewayServer) -> None:
