@@ -13,6 +13,6 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
         "--data-dir",
         type=Path,
         default=None,
-        help="directory of the batch database: files, batches, results, idempotency keys "
-        "(default CTXFUSE_HOME/gateway)",
+        help="directory of the batch database: files, batches, results, idempotency keys; one gateway "
+        "process per directory, a second refuses to start (default CTXFUSE_HOME/gateway)",
     )

@@ -177,8 +177,10 @@ def _json_object(text: str) -> dict[str, float | str]:
 
 def _cmd_models_fetch(args: argparse.Namespace) -> int:
     from cloud.model.registry import fetch
+    from edge.vision.model_files import ensure
 
     print(fetch(quiet=args.quiet))
+    print(ensure(quiet=args.quiet).root)
     return 0
 
 
@@ -236,6 +238,7 @@ def _connection_counts(text: str) -> list[int]:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ctxfuse.edge_cli import check_edge_listener
+    from ctxfuse.vision_cli import ensure_vision_files, vision_options
     from gateway.config import GatewayConfig
     from gateway.server import serve
 
@@ -258,7 +261,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         chunk_store_mib=args.chunk_store_mib,
         device_max_in_flight=args.device_max_in_flight,
         data_dir=args.data_dir,
+        vision=vision_options(args),
     )
+    ensure_vision_files()
     return serve(engine_config(args), gateway)
 
 
@@ -342,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="models_command", required=True
     )
     f = models.add_parser(
-        "fetch", help="fetch the default model into the cache (CTXFUSE_HOME or ~/.cache/ctxfuse)"
+        "fetch",
+        help="fetch the default model and build the image encoder's files in the cache"
+        " (CTXFUSE_HOME or ~/.cache/ctxfuse)",
     )
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=_cmd_models_fetch)
@@ -365,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxfuse.batch_cli import add_batch_options
 
     add_batch_options(sv)
+    from ctxfuse.vision_cli import add_image_options
+
+    add_image_options(sv)
     add_engine_options(sv)
     sv.set_defaults(func=_cmd_serve)
     add_edge_parser(sub)

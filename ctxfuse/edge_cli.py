@@ -50,6 +50,7 @@ def check_edge_listener(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_edge(args: argparse.Namespace) -> int:
+    from ctxfuse.vision_cli import ensure_vision_files, vision_options
     from edge.config import EdgeConfig
     from edge.server import agent_server
 
@@ -64,7 +65,9 @@ def _cmd_edge(args: argparse.Namespace) -> int:
         outbox_max_bytes=int(args.outbox_max_mib * 2**20),
         outbox_full_policy=args.outbox_full_policy,
         retry_cap_s=args.retry_cap_s,
+        vision=vision_options(args),
     )
+    ensure_vision_files()
     server = agent_server(config, args.log_level)
     print(
         f"ctxfuse edge: {config.name} -> {config.gateway_url}; apps use base_url=http://{config.host}:{config.port}/v1",
@@ -76,6 +79,7 @@ def _cmd_edge(args: argparse.Namespace) -> int:
 
 
 def add_edge_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ctxfuse.vision_cli import add_image_options
     from edge.config import EdgeConfig
 
     d = EdgeConfig(gateway_url="", tls_dir=Path(), name="")
@@ -121,4 +125,5 @@ def add_edge_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"strings of at least this many bytes travel as chunks (default {d.chunk_threshold})",
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    add_image_options(p)
     p.set_defaults(func=_cmd_edge)

@@ -12,6 +12,7 @@ ctxfuse_edge_upload_bytes_total (bytes sent to the gateway, after dedup and comp
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from litestar.datastructures import State
 from litestar.response import Stream
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from shared.errors import InvalidRequestError
 from shared.tls import client_context
 
 from . import batch_routes
@@ -32,8 +34,10 @@ from .encode import Endpoint
 from .errors import JSON
 from .errors import error_response as _error
 from .forwarder import Forwarder
+from .images import replace_images
 from .outbox import Outbox
 from .uplink import GatewayUnreachable, Uplink
+from .vision.features import ImagePipeline
 
 AnyRequest = Request[Any, Any, Any]
 _PASSED_HEADERS = ("retry-after", "x-request-id")
@@ -53,6 +57,7 @@ class Agent:
             config.state / "outbox.sqlite", config.outbox_max_bytes, config.outbox_full_policy
         )
         self.forwarder = Forwarder(self.outbox, self.uplink, config)
+        self.images: ImagePipeline | None = None  # loaded at start (the encoder takes a moment)
         self.registry = CollectorRegistry()
         self.request_bytes = Counter(
             "ctxfuse_edge_request_bytes", "Request bytes received from apps", registry=self.registry
@@ -62,12 +67,18 @@ class Agent:
             "Request bytes sent to the gateway, after dedup and compression",
             registry=self.registry,
         )
+        self.images_done = Counter(
+            "ctxfuse_edge_images", "Images replaced by their features on the device", registry=self.registry
+        )
 
     async def start(self) -> None:
         self.forwarder.start()  # batches accepted before a restart go on from their last state
+        self.images = await asyncio.to_thread(ImagePipeline, self.config.vision)
 
     async def close(self) -> None:
         await self.forwarder.stop()
+        if self.images is not None:
+            await self.images.close()
         await self.uplink.close()
         self.outbox.close()
         self.acked.close()
@@ -122,6 +133,11 @@ async def _forward(request: AnyRequest, endpoint: Endpoint) -> Response[Any]:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         return _error(400, f"the request body is not valid JSON ({exc})", "invalid_json")
+    if endpoint == "chat.completions" and agent.images is not None:
+        try:
+            agent.images_done.inc(await replace_images(agent.images, body))
+        except InvalidRequestError as exc:
+            return _error(400, exc.message, exc.code or "invalid_image", param=exc.param)
     before = agent.uplink.uploaded_bytes
     try:
         resp = await agent.uplink.forward(endpoint, body)
@@ -170,6 +186,7 @@ def create_agent_app(agent: Agent) -> Litestar:
         state=State({"agent": agent}),
         on_startup=[agent.start],
         on_shutdown=[agent.close],
+        request_max_body_size=agent.config.max_body_bytes,
         openapi_config=None,
         logging_config=None,
     )

@@ -5,23 +5,27 @@ mirrors the gateway's view; its output and error files are readable here once fe
 
 POST /v1/files and POST /v1/batches honour an app's `Idempotency-Key` as the gateway does: the same
 key with the same request answers the first object; with a different request, a 422.
+
+Cancel follows OpenAI: a batch the gateway does not have yet is cancelled here at once; one it has
+reads "cancelling" until the forwarder has told the gateway and fetched its outcome ("cancelled").
+Lists page newest first with `limit` and an `after` cursor, as the gateway's do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
-from litestar.params import FromPath
+from litestar.params import FromPath, FromQuery, QueryParameter
 
-from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest
+from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest, BatchList, FileDeleted, FileList
 
 from .errors import JSON, error_response
-from .outbox import KeyReused, OutboxFull
+from .outbox import FileInUse, KeyReused, NotCancellable, OutboxFull
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -119,6 +123,53 @@ async def retrieve_batch(request: AnyRequest, batch_id: FromPath[str]) -> Respon
     return _not_found("batch", batch_id) if batch is None else _json(batch)
 
 
+@get("/v1/batches")
+async def list_batches(
+    request: AnyRequest,
+    limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+    after: FromQuery[str | None] = None,
+) -> Response[bytes]:
+    batches = await asyncio.to_thread(_agent(request).outbox.list_batches, limit, after)
+    page = batches[:limit]
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return _json(BatchList(data=page, first_id=first, last_id=last, has_more=len(batches) > limit))
+
+
+@post("/v1/batches/{batch_id:str}/cancel", status_code=200)
+async def cancel_batch(request: AnyRequest, batch_id: FromPath[str]) -> Response[bytes]:
+    agent = _agent(request)
+    batch = await asyncio.to_thread(agent.outbox.cancel, batch_id)
+    if batch is None:
+        return _not_found("batch", batch_id)
+    if isinstance(batch, NotCancellable):
+        return error_response(409, f"a batch that is {batch.status} cannot be cancelled", "invalid_state")
+    agent.forwarder.wake()
+    return _json(batch)
+
+
+@get("/v1/files")
+async def list_files(
+    request: AnyRequest,
+    limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 10_000,
+    after: FromQuery[str | None] = None,
+    purpose: FromQuery[str | None] = None,
+) -> Response[bytes]:
+    files = await asyncio.to_thread(_agent(request).outbox.list_files, limit, after, purpose)
+    page = files[:limit]
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return _json(FileList(data=page, first_id=first, last_id=last, has_more=len(files) > limit))
+
+
+@delete("/v1/files/{file_id:str}", status_code=200)
+async def delete_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
+    gone = await asyncio.to_thread(_agent(request).outbox.delete_file, file_id)
+    if isinstance(gone, FileInUse):
+        return error_response(
+            409, f"batch {gone.batch_id} still needs this file on its way to the gateway", "file_in_use"
+        )
+    return _json(FileDeleted(id=file_id)) if gone else _not_found("file", file_id)
+
+
 @get("/v1/files/{file_id:str}")
 async def retrieve_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
     f = await asyncio.to_thread(_agent(request).outbox.get_file, file_id)
@@ -133,4 +184,14 @@ async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Response[
     return Response(content, media_type="application/octet-stream")
 
 
-ROUTES = [create_file, create_batch, retrieve_batch, retrieve_file, file_content]
+ROUTES = [
+    create_file,
+    list_files,
+    retrieve_file,
+    file_content,
+    delete_file,
+    create_batch,
+    list_batches,
+    retrieve_batch,
+    cancel_batch,
+]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from shared.home import ctxfuse_home
+
+from .vision.features import VisionOptions
 
 FullPolicy = Literal["refuse", "drop_oldest"]
 
 
 def default_state_dir() -> Path:
-    home = Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
-    return home / "edge"
+    return ctxfuse_home() / "edge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,8 @@ class EdgeConfig:
     retry_cap_s: float = 300.0  # the longest wait between attempts to reach the gateway
     poll_s: float = 2.0  # first wait between looks at a forwarded batch; doubles up to poll_max_s
     poll_max_s: float = 60.0
+    vision: VisionOptions = field(default_factory=VisionOptions)  # image caps, allowed image URL hosts
+    max_body_bytes: int = 64 * 2**20  # an app's chat body, images in base64 included; larger: 413
 
     @property
     def state(self) -> Path:

@@ -9,13 +9,18 @@ JSON = "application/json"
 
 
 def error_response(
-    status: int, message: str, code: str, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    code: str,
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
 ) -> Response[bytes]:
     body = {
         "error": {
             "message": message,
             "type": "server_error" if status >= 500 else "invalid_request_error",
-            "param": None,
+            "param": param,
             "code": code,
         }
     }

@@ -4,6 +4,9 @@ to the gateway's Batch API and back (outbox.py holds the states):
     local --POST /v1/files--> file_uploaded --POST /v1/batches--> batch_created
           --GET /v1/batches/{id} until done, GET /v1/files/{id}/content--> completed
 
+A cancel the app made after the create goes first: POST /v1/batches/{id}/cancel, then the batch is
+polled as before until the gateway calls it cancelled (or done, when the cancel came too late).
+
 Uploads and creates carry the Idempotency-Key stored at acceptance, so a step repeated after a crash
 or a lost answer returns the gateway's first object. When the link fails (unreachable, 5xx, 429) the
 forwarder waits with exponential backoff and full jitter, capped (retry_cap_s); a forwarded batch
@@ -109,10 +112,15 @@ class Forwarder:
 
     async def _advance(self, p: Pending) -> bool:
         """Take the batch as far as it goes now; whether it is completed."""
+        if p.cancel and p.remote_id is not None:
+            await self._cancel(p.batch_id, p.remote_id)
+            if p.state == "completed":  # cancelled here while its create was on the way
+                return True
         outcome: Refused | None = None
         if p.state == "local":
             outcome = await self._upload(p)
-            if outcome is None:
+            state = await asyncio.to_thread(self.outbox.state_of, p.batch_id)
+            if outcome is None and state == "file_uploaded":  # (not if cancelled meanwhile)
                 outcome = await self._create(p)
         elif p.state == "file_uploaded":
             outcome = await self._create(p)
@@ -158,9 +166,17 @@ class Forwarder:
         if isinstance(resp, Refused):
             return resp
         remote = msgspec.json.decode(resp.content, type=Batch)
-        await asyncio.to_thread(self.outbox.batch_created, p.batch_id, remote)
         log.info("outbox_forwarded", batch_id=p.batch_id, remote_id=remote.id)
+        if not await asyncio.to_thread(self.outbox.batch_created, p.batch_id, remote):
+            await self._cancel(p.batch_id, remote.id)  # the app cancelled it while it was created
         return None
+
+    async def _cancel(self, batch_id: str, remote_id: str) -> None:
+        resp = await self._call("POST", f"/v1/batches/{remote_id}/cancel")
+        # a refusal (409: it finished first) leaves nothing to cancel: polling brings the outcome
+        remote = None if isinstance(resp, Refused) else msgspec.json.decode(resp.content, type=Batch)
+        await asyncio.to_thread(self.outbox.cancel_sent, batch_id, remote)
+        log.info("outbox_cancel_sent", batch_id=batch_id, remote_id=remote_id, refused=remote is None)
 
     async def _poll(self, batch_id: str, remote_id: str) -> bool:
         resp = await self._call("GET", f"/v1/batches/{remote_id}")

@@ -5,6 +5,14 @@ as the forwarder (forwarder.py) learns them.
 A batch moves   local --(input file uploaded)--> file_uploaded --(batch created)--> batch_created
                       --(results fetched)--> completed
 
+A cancel from the app is cancelled here at once while the batch is local or file_uploaded (the
+gateway has nothing to run); a created batch gets `cancel_at`, reads "cancelling", and the forwarder
+sends the cancel (cancel_sent) when the link is up, then fetches the gateway's outcome as usual. If
+the gateway created the batch while the app cancelled it here, the create is recorded (remote_id)
+on the cancelled row and the forwarder sends the cancel after all. One gap remains: a create that
+reached the gateway but whose answer was lost in a crash is unknown here, so cancelling that batch
+before the forwarder's next create (which would return it) leaves it to run there unseen.
+
 Invariants that make a kill -9 at any moment lose nothing and duplicate nothing:
 - a file or batch is accepted in one transaction that also stores the Idempotency-Key the forwarder
   will send for it, so every retry of an upload or a create carries the same key and the gateway
@@ -13,6 +21,9 @@ Invariants that make a kill -9 at any moment lose nothing and duplicate nothing:
   the last step (which the key makes harmless) and never skips one;
 - a result file is stored under the gateway's file id (unique), in the same transaction that
   completes the batch.
+
+One agent per state dir: the outbox takes the dir's lock (shared/dir_lock.py) before it opens the
+database, so a second agent over it refuses to start (DirInUse) rather than forward everything twice.
 
 The outbox is bounded in stored file bytes. When an app's file does not fit, the policy either
 refuses it (`OutboxFull`) or drops the oldest batches, with their files, until it fits.
@@ -31,6 +42,7 @@ from typing import TypeVar
 import msgspec
 
 from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchErrors, FileObject
+from shared.dir_lock import DirInUse, HeldBy, lock_dir
 
 from .config import FullPolicy
 
@@ -59,9 +71,12 @@ CREATE TABLE IF NOT EXISTS batches (
     output_file_id TEXT,
     error_file_id TEXT,
     app_key TEXT UNIQUE,
-    app_digest BLOB
+    app_digest BLOB,
+    cancel_at INTEGER,        -- when the app asked to cancel
+    cancel_sent INTEGER NOT NULL DEFAULT 0  -- the gateway has the cancel (or had nothing to cancel)
 );
 """
+_ADDED_COLUMNS = {"cancel_at": "INTEGER", "cancel_sent": "INTEGER NOT NULL DEFAULT 0"}
 T = TypeVar("T")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -82,6 +97,20 @@ KEY_REUSED = KeyReused()
 
 
 @dataclass(frozen=True, slots=True)
+class NotCancellable:
+    """The batch has finished (not by a cancel): there is nothing left to cancel."""
+
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class FileInUse:
+    """A batch the forwarder still has work on reads this file."""
+
+    batch_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Pending:
     """A batch the forwarder still has work on, with what each step needs."""
 
@@ -91,6 +120,7 @@ class Pending:
     idem_key: str
     file_remote_id: str | None
     remote_id: str | None
+    cancel: bool  # the app cancelled it and the gateway has not been told yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +145,18 @@ def _new_id(prefix: str) -> str:
 
 class Outbox:
     def __init__(self, path: Path, max_bytes: int, policy: FullPolicy) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = lock_dir(path.parent, "ctxfuse edge outbox")  # two agents would forward twice
+        if isinstance(lock, HeldBy):
+            raise DirInUse(lock, "agent state dir (--state-dir)")
+        self._dir_lock = lock
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # an accepted batch survives power loss too
         self._db.executescript(_SCHEMA)
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(batches)")}
+        for name, kind in _ADDED_COLUMNS.items():  # an outbox written before cancels existed
+            if name not in have:
+                self._db.execute(f"ALTER TABLE batches ADD COLUMN {name} {kind}")
         self._lock = threading.Lock()
         self.max_bytes = max_bytes
         self.policy = policy
@@ -180,19 +217,76 @@ class Outbox:
         with self._lock:
             return self._used()
 
+    def list_batches(self, limit: int, after: str | None) -> list[Batch]:
+        """Newest first, after the batch `after` (a cursor); one more than `limit` tells there are more."""
+        with self._lock:
+            ids = self._page("batches", limit, after, None)
+            return [b for i in ids if (b := self._batch(i)) is not None]
+
+    def list_files(self, limit: int, after: str | None, purpose: str | None) -> list[FileObject]:
+        with self._lock:
+            ids = self._page("files", limit, after, purpose)
+            return [f for i in ids if (f := self._file(i)) is not None]
+
+    def delete_file(self, file_id: str) -> bool | FileInUse:
+        """Forget a file; False if there is none. An input the forwarder still needs stays."""
+        with self._lock, self._tx():
+            user = self._db.execute(
+                "SELECT id FROM batches WHERE state != 'completed'"
+                " AND json_extract(request, '$.input_file_id') = ? ORDER BY seq LIMIT 1",
+                (file_id,),
+            ).fetchone()
+            if user is not None:
+                return FileInUse(user[0])
+            return self._db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+
+    def cancel(self, batch_id: str) -> Batch | NotCancellable | None:
+        """Cancel here at once if the gateway has nothing yet, else mark it for the forwarder."""
+        now = int(time.time())
+        with self._lock, self._tx():
+            row = self._db.execute("SELECT state FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None:
+                return None
+            if row[0] in ("local", "file_uploaded"):
+                local = self._known(self._batch(batch_id))
+                done = msgspec.structs.replace(local, status="cancelled", cancelling_at=now, cancelled_at=now)
+                self._db.execute(
+                    "UPDATE batches SET state = 'completed', remote = ?, cancel_at = ?, cancel_sent = 1"
+                    " WHERE id = ?",
+                    (msgspec.json.encode(done), now, batch_id),
+                )
+            elif row[0] == "batch_created":
+                self._db.execute(
+                    "UPDATE batches SET cancel_at = COALESCE(cancel_at, ?) WHERE id = ?", (now, batch_id)
+                )
+            batch = self._known(self._batch(batch_id))
+            if batch.status not in ("cancelling", "cancelled"):
+                return NotCancellable(batch.status)
+            return batch
+
     # -- what the forwarder does ------------------------------------------------------------------
 
     def pending(self) -> list[Pending]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT b.id, b.state, b.request, b.idem_key, f.remote_id, b.remote_id FROM batches b"
+                "SELECT b.id, b.state, b.request, b.idem_key, f.remote_id, b.remote_id,"
+                " b.cancel_at IS NOT NULL AND b.cancel_sent = 0 FROM batches b"
                 " LEFT JOIN files f ON f.id = json_extract(b.request, '$.input_file_id')"
-                " WHERE b.state != 'completed' ORDER BY b.seq"
+                " WHERE b.state != 'completed'"
+                " OR (b.cancel_at IS NOT NULL AND b.cancel_sent = 0 AND b.remote_id IS NOT NULL)"
+                " ORDER BY b.seq"
             ).fetchall()
         return [
-            Pending(r[0], r[1], msgspec.json.decode(r[2], type=BatchCreateRequest), r[3], r[4], r[5])
+            Pending(
+                r[0], r[1], msgspec.json.decode(r[2], type=BatchCreateRequest), r[3], r[4], r[5], bool(r[6])
+            )
             for r in rows
         ]
+
+    def state_of(self, batch_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT state FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def upload_of(self, file_id: str) -> Upload | None:
         with self._lock:
@@ -213,12 +307,32 @@ class Outbox:
                 "UPDATE batches SET state = 'file_uploaded' WHERE id = ? AND state = 'local'", (batch_id,)
             )
 
-    def batch_created(self, batch_id: str, remote: Batch) -> None:
+    def batch_created(self, batch_id: str, remote: Batch) -> bool:
+        """Record the gateway's batch; False if the app cancelled it here meanwhile (it stays
+        cancelled here, and the recorded remote_id makes the forwarder cancel it there too)."""
         with self._lock, self._tx():
-            self._db.execute(
-                "UPDATE batches SET state = 'batch_created', remote_id = ?, remote = ? WHERE id = ?",
+            moved = self._db.execute(
+                "UPDATE batches SET state = 'batch_created', remote_id = ?, remote = ?"
+                " WHERE id = ? AND state IN ('local', 'file_uploaded')",
                 (remote.id, msgspec.json.encode(remote), batch_id),
-            )
+            ).rowcount
+            if not moved:
+                self._db.execute(
+                    "UPDATE batches SET remote_id = ?, cancel_sent = 0"
+                    " WHERE id = ? AND cancel_at IS NOT NULL",
+                    (remote.id, batch_id),
+                )
+            return moved > 0
+
+    def cancel_sent(self, batch_id: str, remote: Batch | None) -> None:
+        """The gateway took the cancel (`remote`: its batch now) or had nothing left to cancel."""
+        with self._lock, self._tx():
+            self._db.execute("UPDATE batches SET cancel_sent = 1 WHERE id = ?", (batch_id,))
+            if remote is not None:
+                self._db.execute(
+                    "UPDATE batches SET remote = ? WHERE id = ? AND state = 'batch_created'",
+                    (msgspec.json.encode(remote), batch_id),
+                )
 
     def observe(self, batch_id: str, remote: Batch) -> None:
         with self._lock, self._tx():
@@ -251,6 +365,21 @@ class Outbox:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+    def _page(self, table: str, limit: int, after: str | None, purpose: str | None) -> list[str]:
+        """Ids newest first after the cursor `after`, `limit` + 1 of them (as the gateway pages)."""
+        where, args = [], []
+        if after is not None:
+            where.append(f"seq < COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
+            args.append(after)
+        if purpose is not None:
+            where.append("purpose = ?")
+            args.append(purpose)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._db.execute(
+            f"SELECT id FROM {table} {clause} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)
+        ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def _used(self) -> int:
         return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(content)), 0) FROM files").fetchone()[0])
@@ -315,7 +444,7 @@ class Outbox:
 
     def _batch(self, batch_id: str) -> Batch | None:
         row = self._db.execute(
-            "SELECT request, created_at, state, remote, output_file_id, error_file_id"
+            "SELECT request, created_at, state, remote, output_file_id, error_file_id, cancel_at"
             " FROM batches WHERE id = ?",
             (batch_id,),
         ).fetchone()
@@ -334,8 +463,10 @@ class Outbox:
         if row[3] is None:
             return local
         remote = msgspec.json.decode(row[3], type=Batch)
-        status = remote.status
-        if row[2] != "completed" and status in TERMINAL:
+        status, cancelling_at = remote.status, remote.cancelling_at
+        if row[2] != "completed" and row[6] is not None:
+            status, cancelling_at = "cancelling", cancelling_at or row[6]  # until the outcome is here
+        elif row[2] != "completed" and status in TERMINAL:
             status = "finalizing"  # done there, results not yet here
         return msgspec.structs.replace(
             remote,
@@ -344,6 +475,7 @@ class Outbox:
             created_at=local.created_at,
             metadata=local.metadata,
             status=status,
+            cancelling_at=cancelling_at,
             output_file_id=row[4],
             error_file_id=row[5],
         )
@@ -351,6 +483,7 @@ class Outbox:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._dir_lock.release()
 
 
 class _Transaction:

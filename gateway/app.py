@@ -37,7 +37,7 @@ def create_app(
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=config.max_body_bytes,
         on_startup=[batches.start],
-        on_shutdown=[batches.stop],
+        on_shutdown=[batches.stop, gateway.images.close],
         state=State({"gateway": gateway, "batches": batches}),
         openapi_config=OpenAPIConfig(title="ctxfuse", version="0.1.0", path="/schema"),
         logging_config=None,

@@ -15,7 +15,7 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore, EngineStats
 from cloud.engine.output import RequestOutput
-from cloud.engine.request import SamplingParams
+from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
 
 
@@ -41,17 +41,25 @@ class Backend(Protocol):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
-    ) -> list[int]:
-        """Prompt ids of `messages` through the chat template, with `tools` (OpenAI's shape) in the
-        prompt; `tool_choice`: None (the model decides), "required" or the forced function's name."""
+    ) -> ChatPrompt:
+        """The prompt of `messages` through the chat template, with `tools` (OpenAI's shape) in the
+        prompt; `tool_choice`: None (the model decides), "required" or the forced function's name.
+        Content may be a string or a list of text and image_features parts."""
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the client's mistake (shared.errors) without queueing anything."""
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> Generation:
-        """Queue the request; a lower `priority` runs first (batch work sends a positive one)."""
+        """Queue the request; a lower `priority` runs first (batch work sends a positive one);
+        `image_spans` from encode_chat."""
 
     def stats(self) -> EngineStats: ...
 
@@ -79,8 +87,8 @@ class InProcessBackend:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
-    ) -> list[int]:
-        return self.engine.core.encode_chat(messages, tools, tool_choice)
+    ) -> ChatPrompt:
+        return self.engine.core.chat_prompt(messages, tools, tool_choice)
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.engine.core.default_max_tokens(num_prompt_tokens)
@@ -89,9 +97,17 @@ class InProcessBackend:
         self.engine.core.check(prompt_token_ids, params)
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> Generation:
-        return await self.engine.open(prompt_token_ids, params, request_id=request_id, priority=priority)
+        return await self.engine.open(
+            prompt_token_ids, params, request_id=request_id, priority=priority, image_spans=image_spans
+        )
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

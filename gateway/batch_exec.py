@@ -40,9 +40,9 @@ async def _chat(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes:
     req = decode_body(raw, ChatCompletionRequest)
     gw.check_model(req.model)
     _no_stream(req.stream)
-    plan = chat.plan_chat(req, backend)
+    plan = await chat.prepare(req, backend, gw.images)
     meter = gw.metrics.meter(time.monotonic())
-    gen = await backend.submit(plan.prompt_ids, plan.params, rid, priority=priority)
+    gen = await chat.submit(backend, plan, rid, priority)
     reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
     return encode(await chat.whole_response(gen, plan, reply, meter, backend))  # it closes `gen`
 

@@ -9,6 +9,12 @@ Every step is read from and written to the store, so a new process resumes where
 stopped: a request is run until its result is stored, and a stored result is never run again. The
 database is opened on first use (a route, or at start when it already exists), so a gateway that
 never serves a batch writes nothing.
+
+One runner per data dir: opening the database first takes the dir's lock (shared/dir_lock.py), so a
+second process over the same dir refuses to start (DirInUse, when the database exists at start) or
+answers batch routes with a 503 naming the owner (when both started before it existed); it never
+runs a batch the first one runs. The lock is taken with the database rather than at start so that
+gateways which never serve a batch (most test gateways share the default dir) never contend.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,7 @@ from shared.batch_protocol import (
     BatchLineResponse,
     BatchOutputLine,
 )
+from shared.dir_lock import DirInUse, DirLock, HeldBy, lock_dir
 from shared.errors import CtxfuseError, QueueFullError
 
 from .batch_exec import BATCH_PRIORITY, Answer, execute
@@ -57,12 +65,21 @@ def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineErro
 
 
 class BatchRunner:
-    def __init__(self, gateway: Gateway, path: Path, concurrency: int = 4, priority: int = BATCH_PRIORITY):
+    def __init__(
+        self,
+        gateway: Gateway,
+        path: Path,
+        concurrency: int = 4,
+        priority: int = BATCH_PRIORITY,
+        clock: Callable[[], float] = time.time,
+    ):
         self.gateway = gateway
         self.path = path
         self.concurrency = concurrency
         self.priority = priority
+        self.clock = clock  # seconds since the epoch; decides when a batch is past expires_at
         self._store: BatchStore | None = None
+        self._dir_lock: DirLock | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._started = False
@@ -70,6 +87,10 @@ class BatchRunner:
     @property
     def store(self) -> BatchStore:
         if self._store is None:
+            lock = lock_dir(self.path.parent, "ctxfuse gateway batch runner")
+            if isinstance(lock, HeldBy):
+                raise DirInUse(lock, "gateway data dir (--data-dir)")
+            self._dir_lock = lock
             self._store = BatchStore(self.path)
         if self._started and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch-runner")
@@ -90,6 +111,9 @@ class BatchRunner:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
     def wake(self) -> None:
         """New work, or a cancel: look at the store again."""
@@ -142,7 +166,7 @@ class BatchRunner:
         current = self.store.get_batch(batch.id)
         if current is None or current.status != "in_progress":
             return True
-        if batch.expires_at is not None and time.time() >= batch.expires_at:
+        if batch.expires_at is not None and self.clock() >= batch.expires_at:
             self._expire(batch)
             return True
         return False

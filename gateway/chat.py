@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from cloud.engine.request import SamplingParams
+from cloud.engine.request import ImageSpan, SamplingParams
 from shared.errors import InvalidRequestError
 from shared.protocol import (
     AssistantMessage,
@@ -21,6 +21,7 @@ from shared.protocol import (
 
 from . import structured, structured_result
 from .backend import Backend, Generation
+from .images import Images
 from .logprobs import chat_logprobs
 from .metrics import RequestMeter
 from .observe import annotate
@@ -29,18 +30,26 @@ from .sampling import sampling_params
 from .structured import Structure
 
 
-def _content_text(i: int, m: ChatMessage) -> str | None:
+def _content(i: int, m: ChatMessage) -> str | list[dict[str, Any]] | None:
+    """A message's content as the engine takes it: a string, or text and image_features parts (image_url
+    parts were made into features before this: gateway/images.py)."""
     if not isinstance(m.content, list):
         return m.content
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(m.content):
-        if part.type != "text" or part.text is None:
+        if part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        elif part.type == "image_features" and part.image_features is not None:
+            parts.append({"type": "image_features", "image_features": part.image_features})
+        else:
             raise InvalidRequestError(
-                f"content part type {part.type!r} is not supported here; send text parts",
+                f"content part type {part.type!r} is not supported here; send text, image_url or "
+                "image_features parts",
                 param=f"messages[{i}].content[{j}]",
             )
-        texts.append(part.text)
-    return "\n".join(texts)
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -51,7 +60,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
-        d["content"] = _content_text(i, m)
+        d["content"] = _content(i, m)
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls is not None:
@@ -70,6 +79,7 @@ class ChatPlan:
     params: SamplingParams
     logprobs: bool
     structure: Structure | None = None
+    image_spans: tuple[ImageSpan, ...] = ()
 
 
 def _structure(req: ChatCompletionRequest) -> tuple[Structure | None, structured.ToolsPrompt]:
@@ -96,7 +106,8 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
     structure, tools = _structure(req)
-    prompt_ids = backend.encode_chat(message_dicts(req.messages), tools.tools, tools.choice)
+    prompt = backend.encode_chat(message_dicts(req.messages), tools.tools, tools.choice)
+    prompt_ids = prompt.token_ids
     field, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is None:
         field, max_tokens = "max_tokens", req.max_tokens
@@ -110,7 +121,20 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
         params.grammar = structure.spec
         params.constrained_logprobs = structure.confidence
     backend.check(prompt_ids, params)
-    return ChatPlan(prompt_ids, params, req.logprobs, structure)
+    return ChatPlan(prompt_ids, params, req.logprobs, structure, prompt.image_spans)
+
+
+async def prepare(req: ChatCompletionRequest, backend: Backend, images: Images) -> ChatPlan:
+    """plan_chat after the request's image_url parts have become features (off the event loop)."""
+    if count := await images.resolve(req.messages):
+        annotate(images=count)
+    return plan_chat(req, backend)
+
+
+async def submit(backend: Backend, plan: ChatPlan, request_id: str, priority: int = 0) -> Generation:
+    return await backend.submit(
+        plan.prompt_ids, plan.params, request_id, priority=priority, image_spans=plan.image_spans
+    )
 
 
 def _message(plan: ChatPlan, c: ChoiceResult, reply: Reply, backend: Backend) -> ChatChoice:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud.model.registry import cache_dir
+from edge.vision.features import VisionOptions
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -27,6 +28,9 @@ class GatewayConfig:
     chunk_store_mib: float = 1024.0  # bound on stored chunk bytes; least recently used go first
     device_max_in_flight: int = 32  # requests one device may have running on the edge listener
     data_dir: Path | None = None  # the Batch API's files and batches (SQLite); default CTXFUSE_HOME/gateway
+    vision: VisionOptions = field(
+        default_factory=VisionOptions
+    )  # image caps and the hosts image URLs may be fetched from
 
     @property
     def is_loopback(self) -> bool:

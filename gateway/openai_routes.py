@@ -68,10 +68,10 @@ async def serve_chat(request: AnyRequest, raw: bytes, arrival: float) -> Respons
     req = decode_body(raw, ChatCompletionRequest)
     gw.check_model(req.model)
     _annotate_request(gw, req)
-    plan = chat.plan_chat(req, backend)
+    plan = await chat.prepare(req, backend, gw.images)
     rid = request_id()
     meter = gw.metrics.meter(arrival)
-    gen = await backend.submit(plan.prompt_ids, plan.params, rid)
+    gen = await chat.submit(backend, plan, rid)
     reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -156,7 +156,8 @@ async def tokenize(request: AnyRequest) -> Response[bytes]:
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequestError("send exactly one of `prompt` and `messages`", param="prompt")
     if req.messages is not None:
-        ids = backend.encode_chat(chat.message_dicts(req.messages))
+        await gw.images.resolve(req.messages)
+        ids = backend.encode_chat(chat.message_dicts(req.messages)).token_ids
     else:
         ids = backend.tokenizer.encode(req.prompt or "", add_special=req.add_special_tokens)
     return _json(TokenizeResponse(count=len(ids), max_model_len=backend.max_model_len, tokens=ids))

@@ -12,6 +12,7 @@ from .backend import Backend
 from .chunk_store import ChunkStore
 from .config import GatewayConfig
 from .errors import ServiceUnavailableError
+from .images import Images
 from .logprobs import TokenTexts
 from .metrics import Metrics
 
@@ -32,6 +33,7 @@ class Gateway:
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
         # the Batch API's runner, one per process: made by the first app built over this state
         self.batches: BatchRunner | None = None
+        self.images = Images(config.vision)  # image parts -> features, built on the first image
 
     def not_ready_reason(self) -> str | None:
         if self.draining:

@@ -12,14 +12,18 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from .image_features import ImageFeatures, ImageUrl
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 # -- requests ---------------------------------------------------------------------------------
 
 
-class ContentPart(Struct, kw_only=True):
-    type: str  # only "text" is served for now; anything else is a 400 naming the part
+class ContentPart(Struct, kw_only=True, omit_defaults=True):
+    type: str  # "text", "image_url" or our "image_features"; anything else is a 400 naming the part
     text: str | None = None
+    image_url: ImageUrl | None = None
+    image_features: ImageFeatures | None = None
 
 
 class ChatMessage(Struct, kw_only=True, omit_defaults=True):

@@ -34,3 +34,11 @@ def hf_model(gguf_path: Path):  # type: ignore[no-untyped-def]
     )
     model.eval()
     return model
+
+
+@pytest.fixture(scope="session")
+def vision_files():  # type: ignore[no-untyped-def]
+    """The image encoder's files (built once into CTXFUSE_HOME, as `ctxfuse models fetch` does)."""
+    from edge.vision.model_files import ensure
+
+    return ensure(quiet=True)

@@ -21,7 +21,7 @@ from xgrammar import CompiledGrammar
 from .config import EngineConfig
 from .core import EngineCore, EngineStats
 from .output import RequestOutput
-from .request import SamplingParams
+from .request import ImageSpan, SamplingParams
 
 log = structlog.get_logger("ctxfuse.engine")
 
@@ -37,6 +37,7 @@ class _Add:
     sink: Sink
     accepted: threading.Event
     grammar: CompiledGrammar | None = None
+    image_spans: tuple[ImageSpan, ...] = ()
     error: Exception | None = None
 
 
@@ -101,6 +102,7 @@ class AsyncEngine:
         request_id: str | None = None,
         priority: int = 0,
         grammar: CompiledGrammar | None = None,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> str:
         """Queue a request; `sink` receives its outputs on the engine thread. Raises the client's
         mistake (or QueueFullError) here, before any work. `grammar`: params.grammar compiled;
@@ -109,7 +111,7 @@ class AsyncEngine:
         self.core.check(prompt_token_ids, params)
         if grammar is None:
             grammar = self.core.compile_grammar(params)
-        cmd = _Add(rid, prompt_token_ids, params, priority, sink, threading.Event(), grammar)
+        cmd = _Add(rid, prompt_token_ids, params, priority, sink, threading.Event(), grammar, image_spans)
         self._commands.put(cmd)
         cmd.accepted.wait()
         if cmd.error is not None:
@@ -126,6 +128,7 @@ class AsyncEngine:
         *,
         request_id: str | None = None,
         priority: int = 0,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> RequestStream:
         """Submit a request and return its output stream once the engine has accepted it. Refusals
         (the client's mistake, QueueFullError) raise here, before any output exists."""
@@ -141,6 +144,7 @@ class AsyncEngine:
                 request_id=request_id,
                 priority=priority,
                 grammar=grammar,
+                image_spans=image_spans,
             )
         )
         try:
@@ -202,7 +206,12 @@ class AsyncEngine:
         if isinstance(cmd, _Add):
             try:
                 self.core.add_request(
-                    cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority, cmd.grammar
+                    cmd.request_id,
+                    cmd.prompt_token_ids,
+                    cmd.params,
+                    cmd.priority,
+                    cmd.grammar,
+                    cmd.image_spans,
                 )
                 self._sinks[cmd.request_id] = cmd.sink
             except Exception as exc:  # refused: the submitter re-raises it

@@ -28,10 +28,11 @@ from shared.errors import ContextLengthExceededError, InvalidRequestError, Queue
 from .attention import AttentionBackend, DenseAttention
 from .block_pool import BlockPool
 from .config import EngineConfig
+from .image_text import flatten_content, locate_images
 from .memory import make_kv_cache, plan_kv
 from .output import RequestOutput, TextState, make_output
 from .overflow import OverflowPolicy
-from .request import FinishReason, Request, SamplingParams
+from .request import ChatPrompt, FinishReason, ImageSpan, Request, SamplingParams
 from .runner import ModelRunner
 from .sampler import Sampler, SampleResult
 from .scheduler import Scheduler, SchedulerConfig, TokenEvent
@@ -131,13 +132,26 @@ class EngineCore:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
     ) -> list[int]:
-        """Prompt ids for a conversation; tools go into the prompt as the template allows
-        (cloud/grammar/tool_prompt.py)."""
+        """Prompt ids for a conversation of text messages (chat_prompt for the general case)."""
+        return self.chat_prompt(messages, tools, tool_choice).token_ids
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
+    ) -> ChatPrompt:
+        """The prompt for a conversation: tools go into it as the template allows
+        (cloud/grammar/tool_prompt.py); image_features parts as text blocks (model/image_text.py)."""
+        messages, images = flatten_content(messages)
         if template_takes_tools(self.chat_template.source):
             text = self.chat_template.render(template_messages(messages), tools=tools or None)
         else:
             text = self.chat_template.render(messages_with_tools(messages, tools, tool_choice))
-        return self.tokenizer.encode(text, add_special=False)
+        if not images:
+            return ChatPrompt(self.tokenizer.encode(text, add_special=False))
+        ids, offsets = self.tokenizer.encode_with_offsets(text)
+        return ChatPrompt(ids, tuple(locate_images(text, offsets, images)))
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.overflow.default_max_tokens(num_prompt_tokens)
@@ -177,9 +191,11 @@ class EngineCore:
         params: SamplingParams,
         priority: int = 0,
         grammar: CompiledGrammar | None = None,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> None:
         """Queue a request (its n choices share the prompt's blocks). Raises on bad input or a full queue.
-        `grammar` is params.grammar compiled (compile_grammar); compiled here when not given."""
+        `grammar` is params.grammar compiled (compile_grammar); compiled here when not given.
+        `image_spans`: where the prompt's images are (chat_prompt)."""
         self.check(prompt_token_ids, params)
         if grammar is None:
             grammar = self.compile_grammar(params)
@@ -189,6 +205,9 @@ class EngineCore:
         if len(self.scheduler.waiting) + params.n > self.scheduler.config.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.config.max_waiting} requests)")
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
+        extra_key = b""
+        if dropped and image_spans:  # positions moved: every block carries every image's hash instead
+            extra_key, image_spans = b"".join(s.digest for s in image_spans), ()
         first: Request | None = None
         kids = []
         for i in range(params.n):
@@ -200,7 +219,17 @@ class EngineCore:
             if p.seed is None and not p.greedy:
                 p = replace(p, seed=self._rng.getrandbits(63))
             rid = f"{request_id}#{i}" if params.n > 1 else request_id
-            req = Request(rid, list(prompt_token_ids), p, eos, priority, wait_for=first, grammar=grammar)
+            req = Request(
+                rid,
+                list(prompt_token_ids),
+                p,
+                eos,
+                priority,
+                extra_key,
+                image_spans,
+                wait_for=first,
+                grammar=grammar,
+            )
             req.num_truncated_tokens = dropped
             req.sliding = self.overflow.slides(len(prompt_token_ids), params.max_tokens)
             first = first or req

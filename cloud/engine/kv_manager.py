@@ -20,7 +20,11 @@ class KVManager:
         hashes = req.block_hashes
         for i in range(len(hashes), req.num_tokens // bs):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, req.token_ids[i * bs : (i + 1) * bs], req.extra_key))
+            extra = req.extra_key
+            for span in req.image_spans:
+                if span.start < (i + 1) * bs and span.end > i * bs:
+                    extra += span.digest
+            hashes.append(hash_block(parent, req.token_ids[i * bs : (i + 1) * bs], extra))
         return hashes
 
     def cached_prefix(self, req: Request) -> list[int]:

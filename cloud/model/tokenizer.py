@@ -186,6 +186,11 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` (as `encode`, no BOS) and each token's character span in it."""
+        enc = self._backend.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         """Text of `ids`; bytes that do not form whole UTF-8 characters come out as U+FFFD."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special)

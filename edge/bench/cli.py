@@ -1,4 +1,5 @@
-"""`ctxfuse bench edge`: the command line and the printed table; the measuring is in run.py."""
+"""`ctxfuse bench edge`: the command line and the printed table; the measuring is in run.py. With
+`--images`, images_cli.py takes over."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from pathlib import Path
 
 from shared.errors import CtxfuseError
 
+from .images_cli import DEFAULT_OUT as IMAGES_OUT
+from .images_cli import add_image_options, cmd_edge_images
 from .run import EdgeBenchOptions, Report, run
+
+DEFAULT_OUT = Path("bench-results/edge.json")
 
 
 def _wire_table(r: Report) -> list[str]:
@@ -61,6 +66,8 @@ def table(r: Report) -> str:
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
+    if args.images:
+        return cmd_edge_images(args)
     from gateway.logs import configure_logging
 
     try:
@@ -75,10 +82,11 @@ def cmd_edge(args: argparse.Namespace) -> int:
         raise CtxfuseError(str(exc)) from None
     configure_logging("warning")  # the in-process gateway's request lines would bury the table
     report = run(options)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    out: Path = args.out or DEFAULT_OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(asdict(report), indent=2) + "\n")
     print(table(report))
-    print(f"\nresults: {args.out}")
+    print(f"\nresults: {out}")
     return 0
 
 
@@ -112,7 +120,8 @@ def add_edge_bench_parser(bench: argparse._SubParsersAction[argparse.ArgumentPar
         "--warmup",
         type=int,
         default=d.warmup,
-        help="untimed requests per path and case before timing (default %(default)s)",
+        help="untimed requests per path and case before timing; with --images, untimed images per "
+        "precision and case (default %(default)s)",
     )
     p.add_argument(
         "--seed", type=int, default=d.seed, help="seed of the document's text (default %(default)s)"
@@ -120,7 +129,8 @@ def add_edge_bench_parser(bench: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument(
         "--out",
         type=Path,
-        default=Path("bench-results/edge.json"),
-        help="JSON results file (default %(default)s)",
+        default=None,
+        help=f"JSON results file (default {DEFAULT_OUT}; with --images {IMAGES_OUT})",
     )
+    add_image_options(p)
     p.set_defaults(func=cmd_edge)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,8 @@ def _running(server: uvicorn.Server, name: str) -> Iterator[int]:
 
 
 @contextmanager
-def rig() -> Iterator[Rig]:
+def rig(configure: Callable[[EdgeConfig], EdgeConfig] | None = None) -> Iterator[Rig]:
+    """`configure`, when given, adjusts the agent's configuration (e.g. shorter batch polls)."""
     with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-edge-") as tmp, ExitStack() as stack:
         tls = Path(tmp) / "tls"
         init_ca(tls)
@@ -67,16 +68,17 @@ def rig() -> Iterator[Rig]:
         gateway.wait_ready()
         gateway.wait_ready(port=edge_port)
         gateway_port = gateway.port
-        agent = Agent(
-            EdgeConfig(
-                gateway_url=f"https://{HOST}:{edge_port}",
-                tls_dir=tls,
-                name=DEVICE,
-                port=0,
-                state_dir=Path(tmp) / "agent",
-            )
+        config = EdgeConfig(
+            gateway_url=f"https://{HOST}:{edge_port}",
+            tls_dir=tls,
+            name=DEVICE,
+            port=0,
+            state_dir=Path(tmp) / "agent",
         )
-        app = create_agent_app(agent)  # closes the agent's uplink and acked store on shutdown
+        agent = Agent(configure(config) if configure else config)
+        # lifespan on: the app's startup starts the outbox forwarder and loads the image pipeline
+        # (`agent.images`), and its shutdown closes the uplink and the stores
+        app = create_agent_app(agent)
         agent_server = uvicorn.Server(
             uvicorn.Config(app, host=HOST, port=0, log_config=None, log_level="warning", lifespan="on")
         )

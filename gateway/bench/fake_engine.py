@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as _RustTokenizer
 
 from cloud.engine.core import EngineStats
 from cloud.engine.output import RequestOutput
-from cloud.engine.request import SamplingParams
+from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
 
 MODEL_NAME = "bench-instant"
@@ -71,8 +71,8 @@ class InstantBackend:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
-    ) -> list[int]:
-        return self.tokenizer.encode(" ".join(str(m.get("content", "")) for m in messages))
+    ) -> ChatPrompt:
+        return ChatPrompt(self.tokenizer.encode(" ".join(str(m.get("content", "")) for m in messages)))
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return max(1, self.max_model_len - num_prompt_tokens)
@@ -81,7 +81,13 @@ class InstantBackend:
         params.validate(self.tokenizer.vocab_size)
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> InstantGeneration:
         return InstantGeneration(request_id)
 

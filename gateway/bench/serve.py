@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,9 +70,10 @@ def _serve_gateway(port: int) -> None:
 
     from .fake_engine import InstantBackend
 
-    config = GatewayConfig(port=port)
-    configure_logging(config.log_level)
-    build_server(InstantBackend(), config, announce=False).run()
+    with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-gateway-") as data:  # never the user's data dir
+        config = GatewayConfig(port=port, data_dir=Path(data))
+        configure_logging(config.log_level)
+        build_server(InstantBackend(), config, announce=False).run()
 
 
 def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> None:
@@ -81,7 +83,14 @@ def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> No
 
     from .fake_engine import InstantBackend
 
-    config = GatewayConfig(port=port, edge_host=HOST, edge_port=edge_port, tls_dir=tls, log_level="warning")
+    config = GatewayConfig(
+        port=port,
+        edge_host=HOST,
+        edge_port=edge_port,
+        tls_dir=tls,
+        log_level="warning",
+        data_dir=store.parent,
+    )
     chunks = ChunkStore(store, 256 * 2**20)
     try:
         run_servers(build_server(InstantBackend(), config, announce=False, chunk_store=chunks))

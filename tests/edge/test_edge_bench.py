@@ -1,5 +1,7 @@
 """`ctxfuse bench edge` in its smallest configuration: the report holds every figure, later requests
-send the document by reference only, and the table and JSON come out. No timing is asserted."""
+send the document by reference only, and the table and JSON come out; with `--images`, both encoder
+precisions are timed, every image is smaller on the link than itself, and every batch completes.
+No timing is asserted."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import pytest
 
 from ctxfuse.cli import main
 from edge.bench.cli import table
+from edge.bench.images import ImageBenchOptions, ImageReport
+from edge.bench.images import run as run_images
+from edge.bench.images_cli import table as image_table
 from edge.bench.run import EdgeBenchOptions, Report, run
 
 SMALL = EdgeBenchOptions(tokens=2048, questions=3, latency_requests=10, warmup=2)
@@ -55,3 +60,47 @@ def test_a_document_too_small_to_chunk_is_refused_before_anything_starts(
 ) -> None:
     assert main(["bench", "edge", "--tokens", "100", "--out", "/nonexistent/edge.json"]) == 2
     assert "--tokens must be at least 1024" in capsys.readouterr().err
+
+
+SMALL_IMAGES = ImageBenchOptions(image_requests=3, warmup=1, batches=2, batch_requests=2)
+
+
+@pytest.fixture(scope="module")
+def image_report() -> ImageReport:
+    return run_images(SMALL_IMAGES)
+
+
+def test_image_bench_times_both_precisions_and_images_shrink_on_the_link(image_report: ImageReport) -> None:
+    enc = image_report.encoder
+    assert enc.threads == 1 and [t.precision for t in enc.times] == ["fp32", "int8"]
+    for t in enc.times:
+        assert t.encoder_ms.n == t.pipeline_ms.n == 3 and t.encoder_ms.p50 > 0 and t.pipeline_ms.p50 > 0
+    assert (
+        enc.encoder_speedup > 0 and 0 <= enc.top1_agreement <= 1 and 0.9 < enc.cosine_min <= enc.cosine_mean
+    )
+    photo, drawing, page = image_report.link
+    assert not photo.ocr and not drawing.ocr and page.ocr  # only the page goes through OCR
+    for case in image_report.link:
+        assert case.plain_bytes > case.raw_bytes > case.link_bytes and case.ratio > 1
+    assert photo.raw_bytes > 100_000 and photo.link_bytes < 2000
+
+
+def test_image_bench_batches_all_complete_through_the_outbox(image_report: ImageReport) -> None:
+    box = image_report.outbox
+    assert box.completed == box.batches == 2 and box.result_lines == 2 * 2
+    assert box.accept_ms.n == 2 and box.accepted_per_s > 0 and box.end_to_end_s > 0
+
+
+def test_the_image_table_and_json_hold_the_figures(image_report: ImageReport) -> None:
+    printed = image_table(image_report)
+    assert "| fp32 |" in printed and "| int8 |" in printed and "image / link" in printed
+    assert "accepted per second" in printed and len(image_report.aims) == 1
+    data = json.loads(json.dumps(asdict(image_report)))
+    assert data["options"]["batches"] == 2 and len(data["link"]) == 3
+
+
+def test_the_image_bench_refuses_an_empty_outbox_run_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "edge", "--images", "--batches", "0", "--out", "/nonexistent/x.json"]) == 2
+    assert "--batches and --batch-requests must be at least 1" in capsys.readouterr().err

@@ -98,7 +98,7 @@ def link(loaded_model: LoadedModel, pki: Path, tmp_path_factory: pytest.TempPath
     state = tmp_path_factory.mktemp("state")
     backend = InProcessBackend(AsyncEngine(EngineCore(ENGINE, loaded_model)))
     store_path = state / "chunks.sqlite"
-    config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=pki)
+    config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=pki, data_dir=state / "gw")
     gateway = Gateway(backend, config, ChunkStore(store_path, 256 * 2**20))
     edge = build_edge_server(gateway)
     gateway_url = f"https://127.0.0.1:{start(edge, 'edge-listener')}"
@@ -236,10 +236,11 @@ def test_bad_json_from_an_app_is_a_400(link: Link) -> None:
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_the_edge_route_is_not_served_on_the_plain_port(link: Link) -> None:
+def test_the_edge_route_is_not_served_on_the_plain_port(link: Link, tmp_path: Path) -> None:
     from gateway.server import build_server
 
-    server = build_server(link.gateway.backend, GatewayConfig(port=0), announce=False)
+    config = GatewayConfig(port=0, data_dir=tmp_path / "gw")
+    server = build_server(link.gateway.backend, config, announce=False)
     port = start(server, "plain")
     try:
         r = httpx.post(f"http://127.0.0.1:{port}/edge/v1/request", content=b"\x80", timeout=10)

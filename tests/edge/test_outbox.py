@@ -1,11 +1,12 @@
 """The agent's batch outbox end to end on loopback, with real TLS and the real model: a batch accepted
 while the gateway is down runs once it is back, exactly once, also across an agent restart; an
 app's idempotent retry answers the first object; a full outbox refuses; backoff is capped and
-jittered."""
+jittered; cancel and list work as on the gateway; one agent per state dir."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import sqlite3
@@ -26,11 +27,13 @@ from cloud.model.loading import LoadedModel
 from edge.agent import Agent, create_agent_app
 from edge.config import EdgeConfig
 from edge.forwarder import backoff_delay
+from edge.outbox import Outbox
 from gateway.backend import InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.edge_server import build_edge_server
 from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server
+from shared.dir_lock import DirInUse
 
 from .test_edge_e2e import ENGINE, MODEL, start
 
@@ -79,16 +82,25 @@ class Cloud:
         )
         self.server = build_edge_server(Gateway(self.backend, config))
         self.server.announce = False
-        start(self.server, "edge-listener")
+        start(self.server, f"edge-listener-{self.port}")
 
     def down(self) -> None:
+        """Stop the listener and wait for it (its batch runner lets go of the data dir)."""
         if self.server is not None:
             self.server.should_exit = True
+            for thread in threading.enumerate():
+                if thread.name == f"edge-listener-{self.port}":
+                    thread.join(30)
+            self.server = None
 
     def batches_run(self) -> int:
         """How many batches the gateway ever made (each is run once)."""
         with sqlite3.connect(self.data / "batches.sqlite") as db:
             return int(db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])
+
+    def statuses(self) -> list[str]:
+        with sqlite3.connect(self.data / "batches.sqlite") as db:
+            return [str(r[0]) for r in db.execute("SELECT status FROM batches ORDER BY seq")]
 
 
 @pytest.fixture
@@ -131,25 +143,36 @@ def device(cloud: Cloud, state: Path, **options: object) -> Device:
     return Device(agent, server, f"http://127.0.0.1:{start(server, f'agent-{id(agent)}')}")
 
 
-def batch_input(n: int) -> bytes:
+def batch_input(n: int, max_tokens: int = 2) -> bytes:
     lines = [
         {
             "custom_id": f"req-{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": 2},
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Say {i}"}],
+                "max_tokens": max_tokens,
+            },
         }
         for i in range(n)
     ]
     return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
 
 
-def submit(dev: Device, n: int) -> str:
+def submit(dev: Device, n: int, max_tokens: int = 2) -> str:
     client = dev.client()
-    f = client.files.create(file=("in.jsonl", batch_input(n)), purpose="batch")
+    f = client.files.create(file=("in.jsonl", batch_input(n, max_tokens)), purpose="batch")
     b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert b.status == "validating" and b.input_file_id == f.id
     return b.id
+
+
+def wait_forwarded(dev: Device, batch_id: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not forwarded(dev, batch_id):
+        assert time.monotonic() < deadline, f"batch {batch_id} was not forwarded"
+        time.sleep(0.02)
 
 
 def forwarded(dev: Device, batch_id: str) -> bool:
@@ -203,10 +226,7 @@ def test_an_agent_restart_before_completion_still_runs_the_batch_exactly_once(
         done = wait_done(second, batch_id)
         assert custom_ids(second, done) == ["req-0", "req-1"]
         third_id = submit(second, 1)
-        deadline = time.monotonic() + 20
-        while not forwarded(second, third_id):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_forwarded(second, third_id)
     finally:
         second.stop()  # forwarded, not yet fetched
     third = device(cloud, tmp_path / "dev")
@@ -288,3 +308,92 @@ def test_backoff_doubles_with_full_jitter_up_to_the_cap() -> None:
         assert all(0.0 <= d <= ceiling for d in delays)
         assert max(delays) > 0.8 * ceiling and min(delays) < 0.2 * ceiling  # spread over the whole range
     assert backoff_delay(10_000, 1.0, 300.0, rng) <= 300.0
+
+
+def test_a_batch_not_yet_forwarded_is_cancelled_here_at_once(cloud: Cloud, tmp_path: Path) -> None:
+    dev = device(cloud, tmp_path / "dev")
+    try:
+        client = dev.client()
+        batch_id = submit(dev, 2)
+        cancelled = client.batches.cancel(batch_id)
+        assert cancelled.status == "cancelled" and cancelled.cancelled_at and cancelled.cancelling_at
+        assert client.batches.cancel(batch_id).status == "cancelled"  # again: the same answer
+        assert client.batches.retrieve(batch_id).status == "cancelled"
+        cloud.up()
+        done_id = submit(dev, 1)
+        assert wait_done(dev, done_id).status == "completed"
+        assert cloud.batches_run() == 1  # the cancelled batch never reached the gateway
+        with pytest.raises(openai.ConflictError):
+            client.batches.cancel(done_id)
+        with pytest.raises(openai.NotFoundError):
+            client.batches.cancel("batch_nope")
+    finally:
+        dev.stop()
+
+
+def test_a_forwarded_batch_is_cancelled_on_the_gateway(cloud: Cloud, tmp_path: Path) -> None:
+    cloud.up()
+    dev = device(cloud, tmp_path / "dev")
+    try:
+        batch_id = submit(dev, 8, max_tokens=48)
+        wait_forwarded(dev, batch_id)
+        assert dev.client().batches.cancel(batch_id).status == "cancelling"
+        done = wait_done(dev, batch_id)
+        assert done.status == "cancelled" and done.cancelled_at and done.request_counts is not None
+        assert done.request_counts.completed < 8
+        assert cloud.statuses() == ["cancelled"]
+    finally:
+        dev.stop()
+
+
+def test_batches_and_files_list_newest_first_with_a_cursor(cloud: Cloud, tmp_path: Path) -> None:
+    dev = device(cloud, tmp_path / "dev")  # the gateway stays down: lists are the outbox's own
+    try:
+        client = dev.client()
+        ids = [submit(dev, 1) for _ in range(3)]
+        page = client.batches.list(limit=2)
+        assert [b.id for b in page.data] == [ids[2], ids[1]] and page.has_more
+        rest = client.batches.list(limit=2, after=ids[1])
+        assert [b.id for b in rest.data] == [ids[0]] and not rest.has_more
+        inputs = [client.batches.retrieve(i).input_file_id for i in ids]
+        assert [f.id for f in client.files.list(purpose="batch").data] == inputs[::-1]
+        with pytest.raises(openai.ConflictError):  # the forwarder still needs it
+            client.files.delete(inputs[0])
+        spare = client.files.create(file=("spare.jsonl", batch_input(1)), purpose="batch").id
+        assert client.files.delete(spare).deleted
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(spare)
+    finally:
+        dev.stop()
+
+
+def test_a_second_agent_on_one_state_dir_refuses_to_start(cloud: Cloud, tmp_path: Path) -> None:
+    state = tmp_path / "dev"
+    dev = device(cloud, state)
+    try:
+        with pytest.raises(DirInUse) as err:
+            Agent(dev.agent.config)
+        assert str(state) in err.value.message and str(os.getpid()) in err.value.message
+    finally:
+        dev.stop()
+    Outbox(state / "outbox.sqlite", 2**20, "refuse").close()  # free once the first has stopped
+
+
+def test_a_cancel_made_while_the_link_is_down_reaches_the_gateway_when_it_is_back(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    cloud.up()
+    dev = device(cloud, tmp_path / "dev")
+    try:
+        batch_id = submit(dev, 8, max_tokens=48)
+        wait_forwarded(dev, batch_id)
+        cloud.down()
+        assert dev.client().batches.cancel(batch_id).status == "cancelling"  # recorded here
+        time.sleep(0.5)  # the forwarder meets the dead link
+        assert dev.client().batches.retrieve(batch_id).status == "cancelling"
+        assert cloud.statuses() in (["validating"], ["in_progress"])  # the gateway has not heard
+        cloud.up()
+        done = wait_done(dev, batch_id)
+        assert done.status == "cancelled" and cloud.statuses() == ["cancelled"]
+    finally:
+        dev.stop()

@@ -3,10 +3,12 @@ loopback port in a background thread, and the official `openai` client pointed a
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import openai
 import pytest
@@ -56,6 +58,10 @@ class Running:
 
 
 def run_in_thread(backend: Backend, config: GatewayConfig) -> Running:
+    """`config` served in a thread; a config without a data dir gets a fresh one (one gateway per data
+    dir, and tests never touch the user's)."""
+    if config.data_dir is None:
+        config = replace(config, data_dir=Path(tempfile.mkdtemp(prefix="ctxfuse-test-gateway-")))
     server = build_server(backend, config, announce=False)
     thread = threading.Thread(target=server.run, name="test-gateway", daemon=True)
     thread.start()

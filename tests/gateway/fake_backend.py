@@ -9,7 +9,7 @@ from typing import Any
 
 from cloud.engine.core import EngineStats
 from cloud.engine.output import RequestOutput
-from cloud.engine.request import SamplingParams
+from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import QueueFullError
 
@@ -45,8 +45,8 @@ class FakeBackend:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
-    ) -> list[int]:
-        return self.tokenizer.encode(" ".join(str(m["content"]) for m in messages))
+    ) -> ChatPrompt:
+        return ChatPrompt(self.tokenizer.encode(" ".join(str(m["content"]) for m in messages)))
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return max(1, self.max_model_len - num_prompt_tokens)
@@ -55,7 +55,13 @@ class FakeBackend:
         params.validate(self.tokenizer.vocab_size)
 
     async def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *, priority: int = 0
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        image_spans: tuple[ImageSpan, ...] = (),
     ) -> ScriptedGeneration:
         if self.queue_full:
             raise QueueFullError("the waiting queue is full (0 requests)", retry_after_s=3)

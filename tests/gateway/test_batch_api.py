@@ -1,9 +1,15 @@
 """The Batch API end to end: the official `openai` client against a real gateway and the real model,
-each gateway over its own data directory. Generated text is kept to a few tokens."""
+each gateway over its own data directory. Generated text is kept to a few tokens. Also: a batch past
+its window expires, and one runner (one gateway process) per data directory."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +21,16 @@ import pytest
 from openai.types import Batch
 
 from gateway.backend import InProcessBackend
+from gateway.batch_input import BatchItem, parse_batch_input
 from gateway.batch_routes import MAX_FILE_BYTES
+from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore
 from gateway.config import GatewayConfig
+from gateway.server import build_server
+from gateway.state import Gateway
+from shared.batch_protocol import Batch as StoredBatch
+from shared.batch_protocol import BatchCreateRequest, FileObject
+from shared.dir_lock import DirInUse
 
 from .conftest import MODEL, Running, run_in_thread
 
@@ -101,6 +114,37 @@ def test_chat_batch_completes_with_one_real_completion_per_custom_id(client: ope
         assert body["choices"][0]["message"]["role"] == "assistant"
         assert 1 <= body["usage"]["completion_tokens"] <= 3
     assert client.files.retrieve(done.output_file_id or "").purpose == "batch_output"
+
+
+def test_a_batch_request_with_an_image_runs_through_the_image_pipeline(
+    client: openai.OpenAI, vision_files: object
+) -> None:
+    import base64
+
+    from edge.bench.pictures import encoded, traffic_light
+
+    url = "data:image/png;base64," + base64.b64encode(encoded(traffic_light())).decode()
+    line = chat_line("img", max_tokens=2)
+    line["body"]["messages"] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        }
+    ]
+    bad = chat_line("broken", max_tokens=2)
+    bad["body"]["messages"] = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url[:78]}}]}
+    ]
+    done = wait(client, start(client, [line, bad]).id)
+    (out,) = lines_of(client, done.output_file_id)
+    assert out["custom_id"] == "img" and out["response"]["status_code"] == 200
+    assert out["response"]["body"]["usage"]["prompt_tokens"] > 40  # the image's rendered block is in it
+    (err,) = lines_of(client, done.error_file_id)
+    assert err["custom_id"] == "broken" and err["response"]["status_code"] == 400
+    assert err["response"]["body"]["error"]["code"] == "invalid_image"
 
 
 def test_completions_batch(client: openai.OpenAI) -> None:
@@ -276,3 +320,119 @@ def test_a_batch_interrupted_by_a_restart_resumes_and_runs_each_request_once(
         wait(c, keyed.id, timeout=60)
     finally:
         second.stop()
+
+
+def stored_batch(path: Path, n: int) -> StoredBatch:
+    """A batch written through the store as a gateway would have left it: in progress, none run."""
+    store = BatchStore(path)
+    try:
+        f = store.put_file("batch", "in.jsonl", jsonl([chat_line(f"e{i}") for i in range(n)]))
+        assert isinstance(f, FileObject)
+        req = BatchCreateRequest(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        b = store.create_batch(req)
+        assert isinstance(b, StoredBatch)
+        items = parse_batch_input(store.file_content(f.id) or b"", b.endpoint)
+        assert store.start(b.id, [i for i in items if isinstance(i, BatchItem)]) is not None
+        return b
+    finally:
+        store.close()
+
+
+async def run_until(runner: BatchRunner, batch_id: str, status: str, timeout_s: float = 20) -> None:
+    await runner.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while (b := runner.store.get_batch(batch_id)) is None or b.status != status:
+            assert time.monotonic() < deadline, b
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.stop()
+
+
+def test_a_batch_past_its_window_expires_and_its_unrun_requests_fail_as_batch_expired(
+    backend: InProcessBackend, tmp_path: Path
+) -> None:
+    path = tmp_path / "batches.sqlite"
+    b = stored_batch(path, 3)
+    store = BatchStore(path)
+    store.put_result(b.id, 1, True, b'{"custom_id": "e0"}')  # ran while the window was open
+    store.close()
+    assert b.expires_at is not None
+    after_window = float(b.expires_at + 1)
+    gateway = Gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
+    runner = BatchRunner(gateway, path, clock=lambda: after_window)
+    asyncio.run(run_until(runner, b.id, "expired"))
+    store = BatchStore(path)
+    try:
+        done = store.get_batch(b.id)
+        assert done is not None and done.status == "expired" and done.expired_at
+        counts = done.request_counts
+        assert (counts.total, counts.completed, counts.failed) == (3, 1, 2)
+        assert store.file_content(done.output_file_id or "") == b'{"custom_id": "e0"}\n'
+        errors = [json.loads(x) for x in (store.file_content(done.error_file_id or "") or b"").splitlines()]
+        assert [(x["custom_id"], x["error"]["code"], x["response"]) for x in errors] == [
+            ("e1", "batch_expired", None),
+            ("e2", "batch_expired", None),
+        ]
+    finally:
+        store.close()
+
+
+def test_a_second_runner_over_one_data_dir_refuses_to_start_naming_the_owner(
+    backend: InProcessBackend, tmp_path: Path
+) -> None:
+    path = tmp_path / "batches.sqlite"
+    BatchStore(path).close()  # the dir holds a database: a runner opens it at start
+    gateway = Gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
+    first, second = BatchRunner(gateway, path), BatchRunner(gateway, path)
+
+    async def both() -> None:
+        await first.start()
+        with pytest.raises(DirInUse) as err:
+            await second.start()
+        assert str(tmp_path) in err.value.message and f"pid {os.getpid()} " in err.value.message
+        await first.stop()
+        await second.start()  # the first has let go
+        await second.stop()
+
+    asyncio.run(both())
+
+
+def test_a_gateway_does_not_start_over_a_data_dir_another_process_holds(
+    backend: InProcessBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    BatchStore(tmp_path / "batches.sqlite").close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from shared.dir_lock import lock_dir;"
+            " lock = lock_dir(pathlib.Path(sys.argv[1]), 'holder'); print('held', flush=True);"
+            " sys.stdin.read()",
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        server = build_server(backend, GatewayConfig(port=0, data_dir=tmp_path), announce=False)
+        exits: list[object] = []
+
+        def run() -> None:
+            try:
+                server.run()
+            except SystemExit as exc:  # as `ctxfuse serve` exits
+                exits.append(exc.code)
+
+        thread = threading.Thread(target=run, name="refused-gateway")
+        thread.start()
+        thread.join(30)
+        assert exits == [3] and not server.started
+        assert str(tmp_path) in caplog.text and f"pid {holder.pid} holder" in caplog.text
+    finally:
+        holder.kill()  # kill -9: the kernel drops its lock
+        holder.wait()
+    running = run_in_thread(backend, GatewayConfig(port=0, data_dir=tmp_path))
+    running.stop()

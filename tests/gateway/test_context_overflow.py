@@ -45,7 +45,7 @@ def test_models_reports_the_longest_context(truncating: Served) -> None:
 def test_truncate_middle_serves_an_overlong_prompt_and_says_so(truncating: Served) -> None:
     client = truncating.client()
     messages = [{"role": "user", "content": _long_question()}]
-    full = len(truncating.backend.encode_chat(messages))
+    full = len(truncating.backend.encode_chat(messages).token_ids)
     assert full > LIMIT
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)  # type: ignore[arg-type]
     usage = r.usage

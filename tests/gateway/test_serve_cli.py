@@ -50,7 +50,7 @@ def test_serve_defaults_to_loopback_port_8000() -> None:
 
 
 @pytest.fixture()
-def serve_process(gguf_path: Path) -> Iterator[subprocess.Popen[str]]:
+def serve_process(gguf_path: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     cmd = [
         sys.executable,
         "-m",
@@ -72,6 +72,8 @@ def serve_process(gguf_path: Path) -> Iterator[subprocess.Popen[str]]:
         "1024",
         "--shutdown-timeout",
         "20",
+        "--data-dir",
+        str(tmp_path),  # one gateway per data dir: never the user's
     ]
     env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
     proc = subprocess.Popen(

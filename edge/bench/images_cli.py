@@ -1,0 +1,130 @@
+"""`ctxfuse bench edge --images`: its own options and the printed table; the measuring is in images.py.
+cli.py owns the `edge` parser and hands over when `--images` is given."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from shared.errors import CtxfuseError
+
+from .images import ImageBenchOptions, ImageReport, run
+
+DEFAULT_OUT = Path("bench-results/edge-images.json")
+
+
+def _encoder_table(r: ImageReport) -> list[str]:
+    e, o = r.encoder, r.options
+    lines = [
+        f"## Encoder on the device: {o.image_requests} timed images per precision and case after "
+        f"{o.warmup} warm-up, interleaved, onnxruntime with {e.threads} thread",
+        "",
+        "| precision | encoder alone, 224x224 picture p50 / p99 (ms) "
+        "| pipeline, 1-MP JPEG (decode + encode) p50 / p99 (ms) |",
+        "|---|---:|---:|",
+    ]
+    for t in e.times:
+        lines.append(
+            f"| {t.precision} | {t.encoder_ms.p50:.2f} / {t.encoder_ms.p99:.2f} "
+            f"| {t.pipeline_ms.p50:.2f} / {t.pipeline_ms.p99:.2f} |"
+        )
+    lines += [
+        f"| **int8 speed-up** (fp32 p50 / int8 p50) | **{e.encoder_speedup:.2f}x** "
+        f"| **{e.pipeline_speedup:.2f}x** |",
+        "",
+        f"fp32 against int8 over {e.pictures} pictures: same top-1 label on {e.top1_agreement:.0%}; "
+        f"embedding cosine mean {e.cosine_mean:.4f}, least {e.cosine_min:.4f}",
+    ]
+    return lines
+
+
+def _link_table(r: ImageReport) -> list[str]:
+    lines = [
+        "## Bytes on the link: one chat request with one image, through the agent",
+        "",
+        "| image | OCR | image (bytes) | plain OpenAI JSON, data URL (bytes) | on the link (bytes) "
+        "| **image / link** |",
+        "|---|:-:|---:|---:|---:|---:|",
+    ]
+    for c in r.link:
+        lines.append(
+            f"| {c.name} | {'yes' if c.ocr else 'no'} | {c.raw_bytes:,} | {c.plain_bytes:,} "
+            f"| {c.link_bytes:,} | **{c.ratio:.0f}x** |"
+        )
+    return lines
+
+
+def _outbox_table(r: ImageReport) -> list[str]:
+    b = r.outbox
+    return [
+        f"## Batch outbox: {b.batches} batches of {b.requests_per_batch} chat requests "
+        f"({b.file_bytes:,}-byte JSONL each), one client",
+        "",
+        "| accept one batch (upload + create) p50 / p99 (ms) | accepted per second "
+        "| end to end, all batches (s) | completed | result lines |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {b.accept_ms.p50:.1f} / {b.accept_ms.p99:.1f} | {b.accepted_per_s:.1f} | {b.end_to_end_s:.2f} "
+        f"| {b.completed} / {b.batches} | {b.result_lines:,} |",
+        "",
+        f"the agent looked at forwarded batches every {b.poll_s:g} s, doubling up to {b.poll_max_s:g} s "
+        "(EdgeConfig.poll_s / poll_max_s)",
+    ]
+
+
+def table(r: ImageReport) -> str:
+    notes = [f"aim: {a}" for a in r.aims] + [f"engine: {r.engine}", f"network: {r.network}"]
+    return "\n".join([*_encoder_table(r), "", *_link_table(r), "", *_outbox_table(r), "", *notes])
+
+
+def cmd_edge_images(args: argparse.Namespace) -> int:
+    from gateway.logs import configure_logging
+
+    try:
+        options = ImageBenchOptions(
+            image_requests=args.image_requests,
+            warmup=args.warmup,
+            batches=args.batches,
+            batch_requests=args.batch_requests,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise CtxfuseError(str(exc)) from None
+    configure_logging("warning")  # the agent's forwarder lines would bury the table
+    report = run(options)
+    out: Path = args.out or DEFAULT_OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    print(table(report))
+    print(f"\nresults: {out}")
+    return 0
+
+
+def add_image_options(p: argparse.ArgumentParser) -> None:
+    """The options only `--images` reads; --warmup, --seed and --out are shared with the text bench."""
+    d = ImageBenchOptions()
+    p.add_argument(
+        "--images",
+        action="store_true",
+        help="measure images instead: encoder latency fp32 against INT8, bytes on the link against the "
+        f"image, and the batch outbox's throughput (JSON default {DEFAULT_OUT})",
+    )
+    p.add_argument(
+        "--image-requests",
+        type=int,
+        default=d.image_requests,
+        help="--images: timed images per precision and case (default %(default)s)",
+    )
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=d.batches,
+        help="--images: batches put through the agent's outbox (default %(default)s)",
+    )
+    p.add_argument(
+        "--batch-requests",
+        type=int,
+        default=d.batch_requests,
+        help="--images: chat requests in each batch (default %(default)s)",
+    )
