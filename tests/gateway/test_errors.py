@@ -41,8 +41,14 @@ CASES = [
     Bad("unknown role", chat(messages=[{"role": "wizard", "content": "hi"}]), param="messages[0].role"),
     Bad("message without role", chat(messages=[{"content": "hi"}]), param="messages[0].role"),
     Bad(
-        "image part",
+        "image part that is no URL",
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        param="messages[0].content[0].image_url.url",
+        code="invalid_image_url",
+    ),
+    Bad(
+        "audio part",
+        chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]}]),
         param="messages[0].content[0]",
     ),
     Bad("negative max_tokens", chat(max_tokens=-1), param="max_tokens"),
