@@ -238,6 +238,7 @@ def _connection_counts(text: str) -> list[int]:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ctxfuse.edge_cli import check_edge_listener
+    from ctxfuse.fleet_cli import fleet_config
     from ctxfuse.vision_cli import ensure_vision_files, vision_options
     from gateway.config import GatewayConfig
     from gateway.server import serve
@@ -263,6 +264,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         vision=vision_options(args),
     )
+    try:
+        fleet = fleet_config(args)
+    except ValueError as exc:
+        print(f"ctxfuse: {exc}", file=sys.stderr)
+        return 2
+    if fleet is not None:  # a router: no engine here, only the model's tokenizer
+        from gateway.fleet.serve import serve_fleet
+
+        return serve_fleet(fleet, gateway, args.model)
     ensure_vision_files()
     return serve(engine_config(args), gateway)
 
@@ -375,8 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxfuse.vision_cli import add_image_options
 
     add_image_options(sv)
+    from ctxfuse.fleet_cli import add_fleet_options
+
+    add_fleet_options(sv)
     add_engine_options(sv)
     sv.set_defaults(func=_cmd_serve)
+    from ctxfuse.worker_cli import add_worker_parser
+
+    add_worker_parser(sub)
     add_edge_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
@@ -394,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(ba)
     ba.set_defaults(func=_cmd_bench_agreement)
     add_bench_gateway_parser(bench)
+    from gateway.bench.fleet_bench import add_fleet_bench_parser
+
+    add_fleet_bench_parser(bench)
     from cloud.bench.longctx import add_longctx_parser
 
     add_longctx_parser(bench)

@@ -4,6 +4,9 @@ Observe (request id, log line, http metrics) -> RequireApiKey (when a key is set
 
 The app's lifespan starts and stops the batch runner (batch_runner.py), which runs the Batch API's work.
 
+In worker mode (`ctxfuse worker`) the app serves the OpenAI routes and the internal routes a routing
+gateway reads (worker_routes.py), and no Batch API: the gateway in front runs batches.
+
 The app does not own the backend: whoever made it stops it (server.serve), so several apps (tests)
 can share one engine.
 """
@@ -15,7 +18,7 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
-from . import batch_routes, openai_routes, ops_routes
+from . import batch_routes, openai_routes, ops_routes, worker_routes
 from .backend import Backend
 from .batch_runner import BatchRunner
 from .config import GatewayConfig
@@ -23,22 +26,35 @@ from .errors import EXCEPTION_HANDLERS
 from .observe import Observe
 from .openapi import document_bodies
 from .state import Gateway
+from .worker_routes import WorkerEngine
 
 
 def create_app(
-    backend: Backend, config: GatewayConfig, gateway: Gateway | None = None
+    backend: Backend,
+    config: GatewayConfig,
+    gateway: Gateway | None = None,
+    worker: WorkerEngine | None = None,
 ) -> tuple[ASGIApp, Gateway]:
-    """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py)."""
+    """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py).
+    With `worker` (the engine behind `backend`), the app of `ctxfuse worker`."""
     gateway = gateway or Gateway(backend, config)
-    batches = gateway.batches or BatchRunner(gateway, config.data / "batches.sqlite")
-    gateway.batches = batches  # one per process, shared with the edge listener's app
+    if worker is None:
+        batches = gateway.batches or BatchRunner(gateway, config.data / "batches.sqlite")
+        gateway.batches = batches  # one per process, shared with the edge listener's app
+        routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES]
+        state = State({"gateway": gateway, "batches": batches})
+        on_startup, on_shutdown = [batches.start], [batches.stop, gateway.images.close]
+    else:
+        routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *worker_routes.ROUTES]
+        state = State({"gateway": gateway, "worker": worker})
+        on_startup, on_shutdown = [], [gateway.images.close]
     app = Litestar(
-        route_handlers=[*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES],
+        route_handlers=routes,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=config.max_body_bytes,
-        on_startup=[batches.start],
-        on_shutdown=[batches.stop, gateway.images.close],
-        state=State({"gateway": gateway, "batches": batches}),
+        on_startup=on_startup,
+        on_shutdown=on_shutdown,
+        state=state,
         openapi_config=OpenAPIConfig(title="ctxfuse", version="0.1.0", path="/schema"),
         logging_config=None,
     )

@@ -79,4 +79,4 @@ class Observe:
 
 
 # probes and scrapes would drown the log; they are still counted
-_QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics"})
+_QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics", "/internal/v1/state", "/internal/v1/blocks"})

@@ -27,6 +27,7 @@ from .chunk_store import ChunkStore
 from .config import GatewayConfig
 from .logs import configure_logging
 from .state import Gateway
+from .worker_routes import WorkerEngine
 
 log = structlog.get_logger("ctxfuse.gateway")
 
@@ -97,9 +98,13 @@ def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
 
 
 def build_server(
-    backend: Backend, config: GatewayConfig, announce: bool = True, chunk_store: ChunkStore | None = None
+    backend: Backend,
+    config: GatewayConfig,
+    announce: bool = True,
+    chunk_store: ChunkStore | None = None,
+    worker: WorkerEngine | None = None,
 ) -> GatewayServer:
-    app, gateway = create_app(backend, config, Gateway(backend, config, chunk_store))
+    app, gateway = create_app(backend, config, Gateway(backend, config, chunk_store), worker)
     return GatewayServer(uvicorn_config(app, config), gateway, announce)
 
 
@@ -125,7 +130,8 @@ def run_servers(server: GatewayServer) -> None:
         runner.run(both())
 
 
-def serve(engine_config: EngineConfig, config: GatewayConfig) -> int:
+def serve(engine_config: EngineConfig, config: GatewayConfig, worker: bool = False) -> int:
+    """Serve until a signal; `worker`: as `ctxfuse worker` (internal routes, no Batch API)."""
     configure_logging(config.log_level)
     if not config.is_loopback and not config.api_key:
         print(
@@ -137,7 +143,8 @@ def serve(engine_config: EngineConfig, config: GatewayConfig) -> int:
     backend = InProcessBackend.from_config(engine_config)
     print(f"ctxfuse: {backend.engine.core.kv_plan.describe()}", file=sys.stderr, flush=True)
     store = open_chunk_store(config) if config.edge_port is not None else None
-    server = build_server(backend, config, chunk_store=store)
+    engine = WorkerEngine.of(backend.engine.core) if worker else None
+    server = build_server(backend, config, chunk_store=store, worker=engine)
     try:
         run_servers(server)
     finally:

@@ -7,6 +7,8 @@ full blocks hold which token prefix.
   same prefix takes it back out of the free queue (`touch`) instead of recomputing it. Only when the
   block is reused for other tokens does its hash go.
 - "Does not fit" is a value: `allocate` returns None and changes nothing.
+- With an event log (block_events.py), every change to `cached` is reported to it as it happens:
+  a hash entering is "stored", a hash leaving is "evicted".
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .block_events import BlockEventLog
 
 BlockHash = bytes
 
@@ -37,7 +43,9 @@ class Block:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_prefix_caching: bool = True, events: BlockEventLog | None = None
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks
@@ -45,6 +53,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[BlockHash, int] = {}  # block hash -> block id
+        self.events = events  # told of every hash that enters or leaves `cached`
 
     @property
     def num_free(self) -> int:
@@ -77,6 +86,8 @@ class BlockPool:
             if block.block_hash is not None:  # evict its cached prefix
                 if self.cached.get(block.block_hash) == bid:
                     del self.cached[block.block_hash]
+                    if self.events is not None:
+                        self.events.evicted(block.block_hash)
                 block.block_hash = None
             block.ref_count = 1
             out.append(bid)
@@ -101,5 +112,7 @@ class BlockPool:
         if block.block_hash is not None:
             return
         block.block_hash = block_hash
-        # If another block already caches this prefix, keep the first: both hold the same KV.
-        self.cached.setdefault(block_hash, block_id)
+        # If another block already caches this prefix, keep the first: both hold the same KV. (No entry
+        # names this block yet, its hash was None: getting its id back means the hash went in now.)
+        if self.cached.setdefault(block_hash, block_id) == block_id and self.events is not None:
+            self.events.stored(block_hash)

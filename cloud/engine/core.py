@@ -16,7 +16,6 @@ from typing import Any
 from xgrammar import CompiledGrammar
 
 from cloud.grammar.compiler import GrammarCompiler
-from cloud.grammar.tool_prompt import messages_with_tools, template_messages, template_takes_tools
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.linear import plan_weights
 from cloud.model.llama import LlamaModel
@@ -26,12 +25,13 @@ from cloud.model.tokenizer import Tokenizer
 from shared.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 
 from .attention import AttentionBackend, DenseAttention
+from .block_events import BlockEventLog
 from .block_pool import BlockPool
 from .config import EngineConfig
-from .image_text import flatten_content, locate_images
 from .memory import make_kv_cache, plan_kv
 from .output import RequestOutput, TextState, make_output
 from .overflow import OverflowPolicy
+from .prompt import render_chat_prompt
 from .request import ChatPrompt, FinishReason, ImageSpan, Request, SamplingParams
 from .runner import ModelRunner
 from .sampler import Sampler, SampleResult
@@ -83,7 +83,9 @@ class EngineCore:
             config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
         )
         self.model = LlamaModel(weights, dtype=dtype, plan=self.weight_plan, max_positions=self.max_model_len)
-        self.pool = BlockPool(self.kv_plan.num_blocks, config.enable_prefix_caching)
+        # the prefix cache's history, for a router that wants to know what this engine holds
+        self.block_events = BlockEventLog()
+        self.pool = BlockPool(self.kv_plan.num_blocks, config.enable_prefix_caching, self.block_events)
         bs = self.kv_plan.block_size
         self.overflow = OverflowPolicy(
             config.context_overflow,
@@ -141,17 +143,8 @@ class EngineCore:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
     ) -> ChatPrompt:
-        """The prompt for a conversation: tools go into it as the template allows
-        (cloud/grammar/tool_prompt.py); image_features parts as text blocks (model/image_text.py)."""
-        messages, images = flatten_content(messages)
-        if template_takes_tools(self.chat_template.source):
-            text = self.chat_template.render(template_messages(messages), tools=tools or None)
-        else:
-            text = self.chat_template.render(messages_with_tools(messages, tools, tool_choice))
-        if not images:
-            return ChatPrompt(self.tokenizer.encode(text, add_special=False))
-        ids, offsets = self.tokenizer.encode_with_offsets(text)
-        return ChatPrompt(ids, tuple(locate_images(text, offsets, images)))
+        """The prompt for a conversation (prompt.py)."""
+        return render_chat_prompt(self.chat_template, self.tokenizer, messages, tools, tool_choice)
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.overflow.default_max_tokens(num_prompt_tokens)

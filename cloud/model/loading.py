@@ -48,10 +48,29 @@ def _bos_eos_text(tok: Tokenizer) -> tuple[str, str]:
     return bos or "", eos or ""
 
 
+def load_text_side(path: str | Path | None = None) -> tuple[Tokenizer, ChatTemplate]:
+    """The model's tokenizer and chat template alone, no weights: what a gateway needs to name the
+    prompt blocks a request will use (fleet routing)."""
+    p = fetch() if path is None else Path(path).expanduser()
+    if p.is_dir():
+        return _hf_text_side(p)
+    if not p.is_file():
+        raise ModelLoadError(f"model not found: {p} (expected a .gguf file or a Hugging Face directory)")
+    from .gguf_loader import load_gguf_tokenizer
+
+    tokenizer = Tokenizer.from_gguf_data(load_gguf_tokenizer(p))
+    return tokenizer, ChatTemplate(tokenizer.chat_template, *_bos_eos_text(tokenizer))
+
+
 def _load_hf_dir(d: Path, name: str) -> LoadedModel:
     from .hf_loader import load_hf_dir
 
     weights = load_hf_dir(d)
+    tokenizer, template = _hf_text_side(d)
+    return LoadedModel(name, d, weights, tokenizer, template)
+
+
+def _hf_text_side(d: Path) -> tuple[Tokenizer, ChatTemplate]:
     cfg_path = d / "tokenizer_config.json"
     try:
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
@@ -74,4 +93,4 @@ def _load_hf_dir(d: Path, name: str) -> LoadedModel:
         add_bos=bool(cfg.get("add_bos_token", False)),
         chat_template=chat_template,
     )
-    return LoadedModel(name, d, weights, tokenizer, ChatTemplate(chat_template, bos or "", eos or ""))
+    return tokenizer, ChatTemplate(chat_template, bos or "", eos or "")

@@ -1,0 +1,51 @@
+"""`ctxfuse worker` as a child process, for the fleet bench and the fleet tests: started with engine
+options, known by the base URL it prints once it listens, stopped with SIGTERM or killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    def __init__(
+        self, model: Path, served_name: str, *engine_args: str, api_key: str | None = None, port: int = 0
+    ) -> None:
+        cmd = [sys.executable, "-m", "ctxfuse", "worker", "--port", str(port), "--model", str(model)]
+        cmd += ["--served-model-name", served_name, *engine_args]
+        env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
+        if api_key:
+            env["CTXFUSE_API_KEY"] = api_key
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        )
+        self.url = ""
+
+    def wait_ready(self) -> str:
+        """The worker's base URL (without /v1), once it listens; RuntimeError if it died first."""
+        out = self.proc.stdout
+        line = out.readline() if out is not None else ""  # printed once the worker listens
+        if "base_url=" not in line:
+            self.kill()
+            raise RuntimeError(f"the worker did not start (exit {self.proc.poll()}): {line!r}")
+        self.url = line.split("base_url=")[1].strip().removesuffix("/v1")
+        return self.url
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        """kill -9: what a crashed worker looks like to the gateway."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()

@@ -1,0 +1,2 @@
+"""The gateway's fleet mode: routing across many backends (ctxfuse workers and other
+OpenAI-compatible servers)."""

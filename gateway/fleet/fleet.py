@@ -1,0 +1,116 @@
+"""The fleet's state in one gateway process: its backends, the prefix index, the canary controller,
+the HTTP client they are reached with, and the metrics. Routes and the health task share it."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import structlog
+
+from cloud.model.chat_template import ChatTemplate
+from cloud.model.tokenizer import Tokenizer
+
+from .backend import FleetBackend
+from .canary import CanaryController, Rollback
+from .circuit import CircuitBreaker, CircuitState, OnChange
+from .config import FleetConfig
+from .index import PrefixIndex
+from .keys import KeyMaker, RequestKeys
+from .metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
+
+log = structlog.get_logger("ctxfuse.fleet")
+
+READ_TIMEOUT_S = 600.0  # a long generation may take minutes before its whole (non-streamed) answer
+
+
+class Fleet:
+    def __init__(
+        self,
+        config: FleetConfig,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        metrics: FleetMetrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.rng = rng or random.Random()
+        self.keys = KeyMaker(tokenizer, template)
+        self.index = PrefixIndex(config.index_blocks)
+        self.canary = CanaryController(config.version_weights, config.canary, stable=config.stable_version)
+        self.backends = [
+            FleetBackend(
+                spec,
+                CircuitBreaker(
+                    config.failures_to_open, config.cooldown_s, on_change=self._circuit_logger(spec.name)
+                ),
+                kind=None if spec.kind == "auto" else spec.kind,
+            )
+            for spec in config.backends
+        ]
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=config.connect_timeout_s)
+        # trust_env off: backends are addressed as configured, never through a proxy from the environment
+        self.client = httpx.AsyncClient(
+            timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=None)
+        )
+        for version in self.canary.versions:
+            self._export_version(version)
+
+    def _circuit_logger(self, name: str) -> OnChange:
+        def changed(old: CircuitState, new: CircuitState) -> None:
+            log.warning("circuit", backend=name, old=old, new=new)
+            self.metrics.circuit.labels(backend=name).set(CIRCUIT_VALUE[new])
+
+        return changed
+
+    def _export_version(self, version: str) -> None:
+        self.metrics.canary_state.labels(version=version).set(CANARY_VALUE[self.canary.state(version)])
+        self.metrics.canary_weight.labels(version=version).set(self.canary.weights.get(version, 0.0))
+
+    def record_outcome(self, backend: FleetBackend, ok: bool, latency_s: float) -> None:
+        """A request's fate, for the circuit (passive health) and the canary."""
+        if ok:
+            backend.circuit.record_success()
+        else:
+            backend.circuit.record_failure()
+        rollback = self.canary.record(backend.spec.version, ok, latency_s)
+        if rollback is not None:
+            self._rolled_back(rollback)
+
+    def _rolled_back(self, rollback: Rollback) -> None:
+        log.error(
+            "canary_rolled_back", version=rollback.version, reason=rollback.describe(self.canary.policy)
+        )
+        self.metrics.rollbacks.labels(version=rollback.version).inc()
+        self._export_version(rollback.version)
+
+    def in_version(self, version: str | None) -> list[FleetBackend]:
+        return [b for b in self.backends if version is None or b.spec.version == version]
+
+    def match(self, keys: RequestKeys, backends: list[FleetBackend]) -> tuple[dict[str, int], dict[str, int]]:
+        """(leading keys each backend holds, the request's key count in that backend's scheme)."""
+        matched: dict[str, int] = {}
+        total: dict[str, int] = {}
+        by_scheme: dict[int | None, list[FleetBackend]] = {}
+        for b in backends:
+            by_scheme.setdefault(b.block_size if b.reports_blocks else None, []).append(b)
+        for block_size, group in by_scheme.items():
+            chain = keys.text_chunks() if block_size is None else keys.blocks(block_size)
+            counts = self.index.matched(chain, [b.name for b in group])
+            for b in group:
+                matched[b.name], total[b.name] = counts[b.name], len(chain)
+        return matched, total
+
+    def remember(self, backend: FleetBackend, keys: RequestKeys) -> None:
+        """What was just sent there will be held there: a worker's events confirm or correct it."""
+        chain = (
+            keys.blocks(backend.block_size)
+            if backend.reports_blocks and backend.block_size
+            else keys.text_chunks()
+        )
+        self.index.add(backend.name, chain)
+        self.metrics.index_keys.set(len(self.index))
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,102 @@
+"""`ctxfuse worker` as a user (or a test of a fleet) runs it: serve's engine options in its help, its own
+default port, and a subprocess that prints its base_url, answers its internal state and the official
+client, and exits cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import msgspec
+
+from ctxfuse.cli import add_engine_options, build_parser
+from shared.fleet_protocol import HASH_SCHEME, WorkerState
+
+from .conftest import MODEL
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def engine_option_strings() -> list[str]:
+    """Every engine option (serve's, generate's, bench's), as argparse holds them."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_options(parser)
+    return [s for action in parser._actions for s in action.option_strings]
+
+
+def test_worker_help_lists_every_engine_option_of_serve() -> None:
+    help_text = subprocess.run(
+        [sys.executable, "-m", "ctxfuse", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
+    options = engine_option_strings()
+    assert "--kv-cache-memory" in options and "--no-prefix-caching" in options
+    for option in [*options, "--host", "--port", "--api-key", "--shutdown-timeout", "--log-level"]:
+        assert option in help_text, option
+
+
+def test_worker_defaults_to_loopback_port_8001() -> None:
+    args = build_parser().parse_args(["worker"])
+    assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8001, os.environ.get("CTXFUSE_API_KEY"))
+    args = build_parser().parse_args(["worker", "--port", "9100", "--max-num-seqs", "3"])
+    assert (args.port, args.max_num_seqs) == (9100, 3)
+
+
+def test_worker_process_prints_its_base_url_reports_state_and_exits_on_sigterm(gguf_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "ctxfuse",
+        "worker",
+        "--port",
+        "0",
+        "--model",
+        str(gguf_path),
+        "--served-model-name",
+        MODEL,
+        "--dtype",
+        "float32",
+        "--weight-quant",
+        "none",
+        "--kv-cache-memory",
+        "0.25",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "4",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the worker listens (or dies)
+        assert "base_url=" in line, line
+        base_url = line.split("base_url=")[1].strip()
+        root = base_url.removesuffix("/v1")
+        state = msgspec.json.decode(
+            httpx.get(f"{root}/internal/v1/state", timeout=10).content, type=WorkerState
+        )
+        assert (state.model, state.hash_scheme, state.block_size) == (MODEL, HASH_SCHEME, 16)
+        assert (state.load.max_num_seqs, state.load.running, state.next_event) == (4, 0, 0)
+        reply = httpx.post(
+            f"{base_url}/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
