@@ -25,7 +25,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest, BatchList, FileDeleted, FileList
 
 from .errors import JSON, error_response
-from .outbox import FileInUse, KeyReused, NotCancellable, OutboxFull
+from .outbox_values import FileInUse, KeyReused, NotCancellable, OutboxFull
 
 if TYPE_CHECKING:
     from .agent import Agent

@@ -26,7 +26,8 @@ import structlog
 from shared.batch_protocol import Batch, FileObject
 
 from .config import EdgeConfig
-from .outbox import TERMINAL, Fetched, Outbox, Pending
+from .outbox import Outbox
+from .outbox_values import TERMINAL, Fetched, Pending
 from .uplink import GatewayUnreachable, Uplink
 
 log = structlog.get_logger("ctxfuse.edge")

@@ -35,7 +35,6 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,6 +44,17 @@ from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchEr
 from shared.dir_lock import DirInUse, HeldBy, lock_dir
 
 from .config import FullPolicy
+from .outbox_values import (
+    KEY_REUSED,
+    TERMINAL,
+    Fetched,
+    FileInUse,
+    KeyReused,
+    NotCancellable,
+    OutboxFull,
+    Pending,
+    Upload,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -78,65 +88,6 @@ CREATE TABLE IF NOT EXISTS batches (
 """
 _ADDED_COLUMNS = {"cancel_at": "INTEGER", "cancel_sent": "INTEGER NOT NULL DEFAULT 0"}
 T = TypeVar("T")
-TERMINAL = ("completed", "failed", "expired", "cancelled")
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxFull:
-    """The file does not fit under the bound (policy refuse, or larger than the whole bound)."""
-
-    needed: int
-    free: int
-
-
-class KeyReused:
-    """The app's Idempotency-Key already names a different request."""
-
-
-KEY_REUSED = KeyReused()
-
-
-@dataclass(frozen=True, slots=True)
-class NotCancellable:
-    """The batch has finished (not by a cancel): there is nothing left to cancel."""
-
-    status: str
-
-
-@dataclass(frozen=True, slots=True)
-class FileInUse:
-    """A batch the forwarder still has work on reads this file."""
-
-    batch_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """A batch the forwarder still has work on, with what each step needs."""
-
-    batch_id: str
-    state: str
-    request: BatchCreateRequest  # input_file_id is the local id
-    idem_key: str
-    file_remote_id: str | None
-    remote_id: str | None
-    cancel: bool  # the app cancelled it and the gateway has not been told yet
-
-
-@dataclass(frozen=True, slots=True)
-class Upload:
-    filename: str
-    purpose: str
-    content: bytes
-    idem_key: str
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    """A result file downloaded from the gateway."""
-
-    remote_id: str
-    content: bytes
 
 
 def _new_id(prefix: str) -> str:

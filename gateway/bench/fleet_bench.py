@@ -41,7 +41,7 @@ class FleetBenchOptions:
     users: int = 4
     questions: int = 12
     prefix_tokens: int = 1500
-    concurrency: int = 4
+    concurrency: int = 1  # one request in flight: no hit waits behind a miss (docs/benchmarks.md)
     max_tokens: int = 8
     seed: int = 0
     kv_cache_gib: float = 1.0  # per worker: every phase's documents fit, so nothing is evicted

@@ -89,11 +89,13 @@ async def forward(fleet: Fleet, out: Outgoing) -> Response[bytes] | Stream:
         tried.add(b.name)
         fleet.metrics.decisions.labels(decision=decision.kind).inc()
         annotate(backend=b.name, route_decision=decision.kind, matched_keys=decision.matched)
+        # known as held from now: the same prefix arriving during this prefill (which may take
+        # seconds, and no block event reports it before its end) follows it there
+        fleet.remember(b, out.keys)
         answer = await _send(fleet, b, out)
         if isinstance(answer, str):
             last = f"{b.name}: {answer}"
             continue
-        fleet.remember(b, out.keys)
         return answer
     raise ServiceUnavailableError(f"no backend could take the request ({last})")
 

@@ -54,6 +54,8 @@ def bound_generation(body: Any) -> Any:
             body["model"] = MODEL  # an unknown model is refused before anything else is checked
         if "prompt" in body and "max_tokens" not in body:
             body["max_tokens"] = BOUNDS["max_tokens"]  # completions default to 16
+        if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
+            body["max_tokens"] = BOUNDS["max_tokens"]  # chat defaults to the rest of the context
     return body
 
 

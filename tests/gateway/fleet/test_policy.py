@@ -62,3 +62,13 @@ def test_when_all_are_busy_prefix_still_routes_by_affinity() -> None:
     bs = [backend("a", running=4, waiting=1), backend("b", running=4, waiting=3)]
     d = choose("prefix", bs, {"a": 50, "b": 0}, {"a": 100, "b": 100}, rng)
     assert (d.backend.name, d.kind) == ("a", "affinity_hit")
+
+
+def test_a_draining_unreachable_or_open_backend_takes_no_new_work() -> None:
+    fine, draining, gone, tripped = backend("a"), backend("b"), backend("c"), backend("d")
+    draining.draining = True
+    gone.reachable = False
+    tripped.circuit.trip("health check failed")
+    assert [b.takes_work() for b in (fine, draining, gone, tripped)] == [True, False, False, False]
+    unknown = FleetBackend(BackendSpec(name="e", url="http://e"), CircuitBreaker())  # kind not yet known
+    assert not unknown.takes_work()

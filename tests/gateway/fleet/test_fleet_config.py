@@ -1,0 +1,94 @@
+"""The fleet's configuration: `--backend URL` and the fleet file, and clear refusals of bad ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctxfuse.cli import build_parser
+from ctxfuse.fleet_cli import fleet_config
+from gateway.fleet.config import load
+
+FILE = """
+[routing]
+policy = "least-load"
+max_attempts = 2
+
+[canary]
+error_rate = 0.1
+min_requests = 5
+
+[[backend]]
+name = "a"
+url = "http://10.0.0.1:8001/v1"
+version = "v1"
+weight = 90
+
+[[backend]]
+name = "b"
+url = "http://10.0.0.2:8001/"
+kind = "openai"
+version = "v2"
+weight = 10
+"""
+
+
+def test_the_fleet_file_gives_backends_versions_weights_and_settings(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(FILE)
+    config = load(path)
+    assert [(b.name, b.url, b.kind, b.version) for b in config.backends] == [
+        ("a", "http://10.0.0.1:8001", "auto", "v1"),
+        ("b", "http://10.0.0.2:8001", "openai", "v2"),
+    ]
+    assert config.version_weights == {"v1": 90, "v2": 10}
+    assert (config.policy, config.max_attempts, config.canary.error_rate, config.canary.min_requests) == (
+        "least-load",
+        2,
+        0.1,
+        5,
+    )
+    args = build_parser().parse_args(["serve", "--fleet", str(path), "--routing", "random"])
+    assert fleet_config(args).policy == "random"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[[backend]]\nname='a'\nurl='ftp://x'\n", "http:// or https://"),
+        ("[[backend]]\nname='a'\nurl='http://x'\n[[backend]]\nname='a'\nurl='http://y'\n", "unique"),
+        ("[[backend]]\nname='a'\nurl='http://x'\ncolour='red'\n", "colour"),
+        ("[routing]\npolicy='fastest'\n[[backend]]\nname='a'\nurl='http://x'\n", "policy"),
+        ("[[backend]]\nname='a'\nurl='http://x'\nkind='grpc'\n", "kind"),
+        ("nothing = 1\n", "[[backend]]"),
+        ("[[backend]\n", "cannot read"),
+    ],
+)
+def test_a_bad_fleet_file_is_refused_naming_the_problem(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=None) as info:
+        load(path)
+    assert says in str(info.value)
+
+
+def test_backend_urls_make_a_one_version_fleet() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--backend", "http://h1:8001/v1", "--backend", "http://h2:8001"]
+    )
+    config = fleet_config(args)
+    assert config is not None and config.policy == "prefix"
+    assert [(b.name, b.url, b.version) for b in config.backends] == [
+        ("b0", "http://h1:8001", "default"),
+        ("b1", "http://h2:8001", "default"),
+    ]
+    assert fleet_config(build_parser().parse_args(["serve"])) is None
+
+
+def test_fleet_file_and_backend_urls_do_not_mix(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--fleet", str(tmp_path / "f.toml"), "--backend", "http://h:1"]
+    )
+    with pytest.raises(ValueError, match="not both"):
+        fleet_config(args)
