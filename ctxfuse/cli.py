@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
@@ -236,91 +235,6 @@ def _connection_counts(text: str) -> list[int]:
     return counts
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from ctxfuse.edge_cli import check_edge_listener
-    from ctxfuse.fleet_cli import fleet_config
-    from ctxfuse.vision_cli import ensure_vision_files, vision_options
-    from gateway.config import GatewayConfig
-    from gateway.server import serve
-
-    problem = check_edge_listener(args)
-    if problem:
-        print(f"ctxfuse: {problem}", file=sys.stderr)
-        return 2
-    gateway = GatewayConfig(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or None,
-        log_content=args.log_content,
-        max_body_bytes=int(args.max_body_mib * 2**20),
-        shutdown_timeout_s=args.shutdown_timeout,
-        log_level=args.log_level,
-        edge_host=args.edge_host,
-        edge_port=args.edge_port,
-        tls_dir=args.tls_dir,
-        chunk_store=args.chunk_store,
-        chunk_store_mib=args.chunk_store_mib,
-        device_max_in_flight=args.device_max_in_flight,
-        data_dir=args.data_dir,
-        vision=vision_options(args),
-    )
-    try:
-        fleet = fleet_config(args)
-    except ValueError as exc:
-        print(f"ctxfuse: {exc}", file=sys.stderr)
-        return 2
-    if fleet is not None:  # a router: no engine here, only the model's tokenizer
-        from gateway.fleet.serve import serve_fleet
-
-        if args.edge_port is not None:
-            print(
-                "ctxfuse: the edge listener is not served in fleet mode (yet); drop --edge-port",
-                file=sys.stderr,
-            )
-            return 2
-
-        return serve_fleet(fleet, gateway, args.model)
-    ensure_vision_files()
-    return serve(engine_config(args), gateway)
-
-
-def add_gateway_options(p: argparse.ArgumentParser) -> None:
-    from gateway.config import GatewayConfig
-
-    d = GatewayConfig()
-    g = p.add_argument_group("gateway")
-    g.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
-    g.add_argument(
-        "--port", type=int, default=d.port, help=f"port to listen on; 0 picks a free one (default {d.port})"
-    )
-    g.add_argument(
-        "--api-key",
-        default=os.environ.get("CTXFUSE_API_KEY"),
-        help="require `Authorization: Bearer KEY` on API routes (default: $CTXFUSE_API_KEY, else none)",
-    )
-    g.add_argument(
-        "--log-content", action="store_true", help="write prompts and completions into the request log"
-    )
-    g.add_argument(
-        "--max-body-mib",
-        type=float,
-        default=d.max_body_bytes / 2**20,
-        help=f"largest request body in MiB; larger gets a 413 (default {d.max_body_bytes / 2**20:g})",
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=d.shutdown_timeout_s,
-        help=f"on SIGTERM, seconds running requests get to finish (default {d.shutdown_timeout_s:g})",
-    )
-    g.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default=d.log_level,
-        help=f"log level (default {d.log_level})",
-    )
-
-
 def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from gateway.bench.run import GatewayBenchOptions
 
@@ -378,25 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(g)
     g.set_defaults(func=_cmd_generate)
 
-    sv = sub.add_parser(
-        "serve",
-        help="the OpenAI-compatible gateway with an in-process engine (default model on 127.0.0.1:8000)",
-    )
-    add_gateway_options(sv)
-    from ctxfuse.edge_cli import add_edge_listener_options, add_edge_parser
+    from ctxfuse.serve_cli import add_serve_parser
 
-    add_edge_listener_options(sv)
-    from ctxfuse.batch_cli import add_batch_options
-
-    add_batch_options(sv)
-    from ctxfuse.vision_cli import add_image_options
-
-    add_image_options(sv)
-    from ctxfuse.fleet_cli import add_fleet_options
-
-    add_fleet_options(sv)
-    add_engine_options(sv)
-    sv.set_defaults(func=_cmd_serve)
+    add_serve_parser(sub)
+    from ctxfuse.edge_cli import add_edge_parser
     from ctxfuse.worker_cli import add_worker_parser
 
     add_worker_parser(sub)

@@ -10,7 +10,8 @@ WORKER_PORT = 8001
 
 
 def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ctxfuse.cli import add_engine_options, add_gateway_options
+    from ctxfuse.cli import add_engine_options
+    from ctxfuse.serve_cli import add_gateway_options
 
     # "resolve": the --port below replaces the gateway's, keeping its other HTTP options
     w = sub.add_parser(
@@ -31,16 +32,7 @@ def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from ctxfuse.cli import engine_config
-    from gateway.config import GatewayConfig
+    from ctxfuse.serve_cli import http_config
     from gateway.server import serve
 
-    gateway = GatewayConfig(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or None,
-        log_content=args.log_content,
-        max_body_bytes=int(args.max_body_mib * 2**20),
-        shutdown_timeout_s=args.shutdown_timeout,
-        log_level=args.log_level,
-    )
-    return serve(engine_config(args), gateway, worker=True)
+    return serve(engine_config(args), http_config(args), worker=True)

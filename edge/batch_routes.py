@@ -22,7 +22,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest, BatchList, FileDeleted, FileList
+from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest, FileDeleted, batch_list, file_list
 
 from .errors import JSON, error_response
 from .outbox_values import FileInUse, KeyReused, NotCancellable, OutboxFull
@@ -130,9 +130,7 @@ async def list_batches(
     after: FromQuery[str | None] = None,
 ) -> Response[bytes]:
     batches = await asyncio.to_thread(_agent(request).outbox.list_batches, limit, after)
-    page = batches[:limit]
-    first, last = (page[0].id, page[-1].id) if page else (None, None)
-    return _json(BatchList(data=page, first_id=first, last_id=last, has_more=len(batches) > limit))
+    return _json(batch_list(batches, limit))
 
 
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
@@ -155,9 +153,7 @@ async def list_files(
     purpose: FromQuery[str | None] = None,
 ) -> Response[bytes]:
     files = await asyncio.to_thread(_agent(request).outbox.list_files, limit, after, purpose)
-    page = files[:limit]
-    first, last = (page[0].id, page[-1].id) if page else (None, None)
-    return _json(FileList(data=page, first_id=first, last_id=last, has_more=len(files) > limit))
+    return _json(file_list(files, limit))
 
 
 @delete("/v1/files/{file_id:str}", status_code=200)

@@ -42,6 +42,7 @@ import msgspec
 
 from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchErrors, FileObject
 from shared.dir_lock import DirInUse, HeldBy, lock_dir
+from shared.sql_page import newest_first
 
 from .config import FullPolicy
 from .outbox_values import (
@@ -319,18 +320,8 @@ class Outbox:
 
     def _page(self, table: str, limit: int, after: str | None, purpose: str | None) -> list[str]:
         """Ids newest first after the cursor `after`, `limit` + 1 of them (as the gateway pages)."""
-        where, args = [], []
-        if after is not None:
-            where.append(f"seq < COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
-            args.append(after)
-        if purpose is not None:
-            where.append("purpose = ?")
-            args.append(purpose)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = self._db.execute(
-            f"SELECT id FROM {table} {clause} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)
-        ).fetchall()
-        return [str(r[0]) for r in rows]
+        sql, args = newest_first(table, "id", limit, after, purpose)
+        return [str(r[0]) for r in self._db.execute(sql, args).fetchall()]
 
     def _used(self) -> int:
         return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(content)), 0) FROM files").fetchone()[0])

@@ -20,10 +20,10 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from shared.batch_protocol import (
     BATCH_ENDPOINTS,
     BatchCreateRequest,
-    BatchList,
     FileDeleted,
-    FileList,
     FileObject,
+    batch_list,
+    file_list,
 )
 from shared.errors import InvalidRequestError, NotFoundError
 
@@ -113,9 +113,7 @@ async def list_files(
     purpose: FromQuery[str | None] = None,
 ) -> Response[bytes]:
     files = _runner(request).store.list_files(limit, after, purpose)
-    page = files[:limit]
-    first, last = (page[0].id, page[-1].id) if page else (None, None)
-    return _json(FileList(data=page, first_id=first, last_id=last, has_more=len(files) > limit))
+    return _json(file_list(files, limit))
 
 
 def _file_or_404(request: AnyRequest, file_id: str) -> FileObject:
@@ -184,9 +182,7 @@ async def list_batches(
     after: FromQuery[str | None] = None,
 ) -> Response[bytes]:
     batches = _runner(request).store.list_batches(limit, after)
-    page = batches[:limit]
-    first, last = (page[0].id, page[-1].id) if page else (None, None)
-    return _json(BatchList(data=page, first_id=first, last_id=last, has_more=len(batches) > limit))
+    return _json(batch_list(batches, limit))
 
 
 @get("/v1/batches/{batch_id:str}", summary="Retrieve a batch (OpenAI)")

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from shared.batch_protocol import FileObject
+from shared.sql_page import newest_first
 
 from .encoding import encode
 
@@ -166,16 +167,7 @@ class FileStore:
             return db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
 
     def _page(self, table: str, limit: int, after: str | None, purpose: str | None) -> list[bytes]:
-        where, args = [], []
-        if after is not None:
-            where.append(f"seq < COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
-            args.append(after)
-        if purpose is not None:
-            where.append("purpose = ?")
-            args.append(purpose)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql, args = newest_first(table, "object", limit, after, purpose)
         with self._lock:
-            rows = self._db.execute(
-                f"SELECT object FROM {table} {clause} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)
-            ).fetchall()
+            rows = self._db.execute(sql, args).fetchall()
         return [bytes(r[0]) for r in rows]

@@ -139,3 +139,16 @@ class BatchOutputLine(Struct, kw_only=True):
     custom_id: str
     response: BatchLineResponse | None
     error: BatchLineError | None
+
+
+def file_list(files: list[FileObject], limit: int) -> FileList:
+    """A page of at most `limit` files, from `limit` + 1 fetched (the extra one says there are more)."""
+    page = files[:limit]
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return FileList(data=page, first_id=first, last_id=last, has_more=len(files) > limit)
+
+
+def batch_list(batches: list[Batch], limit: int) -> BatchList:
+    page = batches[:limit]
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return BatchList(data=page, first_id=first, last_id=last, has_more=len(batches) > limit)

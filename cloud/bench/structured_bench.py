@@ -4,13 +4,13 @@ structured_run.py, the figures in structured_results.py."""
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from cloud.engine.config import DTYPES, EngineConfig
 from cloud.model.linear import WEIGHT_QUANTS
 
+from .report import publish
 from .structured_results import FULL, QUICK, Report
 from .structured_run import run
 
@@ -70,10 +70,7 @@ def cmd_structured(args: argparse.Namespace) -> int:
     sizes = replace(sizes, tokens=args.tokens or sizes.tokens, repeats=args.repeats or sizes.repeats)
     config = EngineConfig(model=args.model, dtype=args.dtype, weight_quant=args.weight_quant)
     report = run(config, sizes)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_rounded(asdict(report)), indent=2) + "\n")
-    print(_table(report))
-    print(f"\nresults: {args.out}")
+    publish(args.out, _rounded(asdict(report)), _table(report))
     return 0
 
 

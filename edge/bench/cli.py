@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 
+from cloud.bench.report import publish
 from shared.errors import CtxfuseError
 
 from .images_cli import DEFAULT_OUT as IMAGES_OUT
@@ -82,11 +82,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
         raise CtxfuseError(str(exc)) from None
     configure_logging("warning")  # the in-process gateway's request lines would bury the table
     report = run(options)
-    out: Path = args.out or DEFAULT_OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(asdict(report), indent=2) + "\n")
-    print(table(report))
-    print(f"\nresults: {out}")
+    publish(args.out or DEFAULT_OUT, asdict(report), table(report))
     return 0
 
 

@@ -4,10 +4,10 @@ cli.py owns the `edge` parser and hands over when `--images` is given."""
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 
+from cloud.bench.report import publish
 from shared.errors import CtxfuseError
 
 from .images import ImageBenchOptions, ImageReport, run
@@ -93,11 +93,7 @@ def cmd_edge_images(args: argparse.Namespace) -> int:
         raise CtxfuseError(str(exc)) from None
     configure_logging("warning")  # the agent's forwarder lines would bury the table
     report = run(options)
-    out: Path = args.out or DEFAULT_OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(asdict(report), indent=2) + "\n")
-    print(table(report))
-    print(f"\nresults: {out}")
+    publish(args.out or DEFAULT_OUT, asdict(report), table(report))
     return 0
 
 

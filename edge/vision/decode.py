@@ -83,7 +83,12 @@ def parse_data_url(url: str, limits: ImageLimits, param: str) -> bytes:
 
 
 def open_image(
-    data: bytes, limits: ImageLimits, param: str, *, draft_side: int | None = None
+    data: bytes,
+    limits: ImageLimits,
+    param: str,
+    *,
+    draft_side: int | None = None,
+    sha256: str | None = None,
 ) -> DecodedImage:
     """Decode the first frame of `data` into RGB, checking size caps from the header first.
 
@@ -118,7 +123,7 @@ def open_image(
         width=width,
         height=height,
         format=fmt,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256 or hashlib.sha256(data).hexdigest(),  # a caller that hashed first passes it
     )
 
 

@@ -56,7 +56,8 @@ class ImagePipeline:
 
     def features(self, data: bytes, detail: Detail, param: str) -> ImageFeatures:
         """CPU work: call from a worker thread (`resolve` does)."""
-        key = (hashlib.sha256(data).hexdigest(), detail)  # what open_image names the image by
+        digest = hashlib.sha256(data).hexdigest()  # the image's content hash, computed once
+        key = (digest, detail)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:  # checked and encoded before: no second decode
@@ -64,12 +65,13 @@ class ImagePipeline:
                 return hit
         # the encoder needs 224 px and the document check 256: a JPEG decodes at a reduced scale
         # unless OCR will read it, at full size
-        image = open_image(data, self.limits, param, draft_side=None if detail == "high" else DRAFT_SIDE)
+        draft = None if detail == "high" else DRAFT_SIDE
+        image = open_image(data, self.limits, param, draft_side=draft, sha256=digest)
         enc = self.encoder.encode(image.rgb)
         ocr_text = None
         if detail == "high" or looks_like_document(image.rgb):
             if image.rgb.size != (image.width, image.height):
-                image = open_image(data, self.limits, param)
+                image = open_image(data, self.limits, param, sha256=digest)
             ocr_text = self.ocr.read(image.rgb)
         out = ImageFeatures(
             sha256=image.sha256,

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cloud.engine.block_pool import hash_block
 from cloud.engine.prompt import render_chat_prompt
@@ -29,21 +29,29 @@ TEXT_CHUNK_CHARS = 1024
 class RequestKeys:
     token_ids: list[int]  # the prompt (of the first prompt, for a completion with several)
     text: str  # the prompt's text, for text-chunk keys
+    # each chain is hashed once per request: matching and recording both read it
+    _chains: dict[int, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
 
     def blocks(self, block_size: int) -> list[bytes]:
-        hashes: list[bytes] = []
-        parent = None
-        for i in range(len(self.token_ids) // block_size):
-            parent = hash_block(parent, self.token_ids[i * block_size : (i + 1) * block_size])
-            hashes.append(parent)
+        hashes = self._chains.get(block_size)
+        if hashes is None:
+            hashes, parent = [], None
+            for i in range(len(self.token_ids) // block_size):
+                parent = hash_block(parent, self.token_ids[i * block_size : (i + 1) * block_size])
+                hashes.append(parent)
+            self._chains[block_size] = hashes
         return hashes
 
     def text_chunks(self) -> list[bytes]:
-        out: list[bytes] = []
-        h = hashlib.blake2b(digest_size=16)
-        for i in range(len(self.text) // TEXT_CHUNK_CHARS):
-            h.update(self.text[i * TEXT_CHUNK_CHARS : (i + 1) * TEXT_CHUNK_CHARS].encode("utf-8", "replace"))
-            out.append(h.copy().digest())  # chained: a chunk's key names all the text before it
+        out = self._chains.get(0)  # 0: no block size has it
+        if out is None:
+            out, h = [], hashlib.blake2b(digest_size=16)
+            for i in range(len(self.text) // TEXT_CHUNK_CHARS):
+                h.update(
+                    self.text[i * TEXT_CHUNK_CHARS : (i + 1) * TEXT_CHUNK_CHARS].encode("utf-8", "replace")
+                )
+                out.append(h.copy().digest())  # chained: a chunk's key names all the text before it
+            self._chains[0] = out
         return out
 
 

@@ -15,6 +15,7 @@ import httpx
 import msgspec
 
 from ctxfuse.cli import add_engine_options, build_parser
+from gateway.bench.worker_proc import WorkerProcess
 from shared.fleet_protocol import HASH_SCHEME, WorkerState
 
 from .conftest import MODEL
@@ -51,52 +52,22 @@ def test_worker_defaults_to_loopback_port_8001() -> None:
 
 
 def test_worker_process_prints_its_base_url_reports_state_and_exits_on_sigterm(gguf_path: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "ctxfuse",
-        "worker",
-        "--port",
-        "0",
-        "--model",
-        str(gguf_path),
-        "--served-model-name",
-        MODEL,
-        "--dtype",
-        "float32",
-        "--weight-quant",
-        "none",
-        "--kv-cache-memory",
-        "0.25",
-        "--max-model-len",
-        "1024",
-        "--max-num-seqs",
-        "4",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
+    engine = ["--dtype", "float32", "--weight-quant", "none", "--kv-cache-memory", "0.25"]
+    worker = WorkerProcess(gguf_path, MODEL, *engine, "--max-model-len", "1024", "--max-num-seqs", "4")
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # blocks until the worker listens (or dies)
-        assert "base_url=" in line, line
-        base_url = line.split("base_url=")[1].strip()
-        root = base_url.removesuffix("/v1")
+        root = worker.wait_ready()  # the base_url line, printed once it listens
         state = msgspec.json.decode(
             httpx.get(f"{root}/internal/v1/state", timeout=10).content, type=WorkerState
         )
         assert (state.model, state.hash_scheme, state.block_size) == (MODEL, HASH_SCHEME, 16)
         assert (state.load.max_num_seqs, state.load.running, state.next_event) == (4, 0, 0)
         reply = httpx.post(
-            f"{base_url}/chat/completions",
+            f"{root}/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
             timeout=60,
         )
         assert reply.status_code == 200, reply.text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        worker.kill()
