@@ -5,6 +5,8 @@
 - `prefix`: the backend holding the longest prefix of the request, scored against its load
   (score = share of the prompt's blocks it holds - load), so a hot prefix stays on its holder until
   the holder is busy and then spreads; busy backends are considered only when all are busy.
+  The decision is an `affinity_hit` when the chosen backend holds the longest match of all, a
+  `load_spill` when another holds more, and `least_load` when none holds any.
 
 Ties always break at random, never to the first listed: a fixed order piles equal traffic onto one
 backend (a recurring router bug).
@@ -50,10 +52,13 @@ def choose(
     if policy == "least-load":
         b = _best(candidates, {c.name: -c.load() for c in candidates}, rng)
         return Decision(b, "least_load", matched.get(b.name, 0))
+    share = {c.name: matched.get(c.name, 0) / total[c.name] if total.get(c.name) else 0.0 for c in candidates}
     pool = [c for c in candidates if not c.busy()] or candidates
-    share = {c.name: matched.get(c.name, 0) / total[c.name] if total.get(c.name) else 0.0 for c in pool}
     b = _best(pool, {c.name: share[c.name] - min(c.load(), 1.0) for c in pool}, rng)
-    if matched.get(b.name, 0) > 0:
-        return Decision(b, "affinity_hit", matched[b.name])
-    spilled = any(matched.get(c.name, 0) > 0 for c in candidates)
-    return Decision(b, "load_spill" if spilled else "least_load", 0)
+    # A hit only when the chosen backend holds the longest match there is: taking a backend that
+    # shares a template block while another holds the whole document is a spill, not a hit.
+    longest = max(share.values())
+    if longest == 0.0:
+        return Decision(b, "least_load", 0)
+    kind: DecisionKind = "affinity_hit" if share[b.name] >= longest - 1e-9 else "load_spill"
+    return Decision(b, kind, matched.get(b.name, 0))

@@ -72,3 +72,19 @@ def test_a_draining_unreachable_or_open_backend_takes_no_new_work() -> None:
     assert [b.takes_work() for b in (fine, draining, gone, tripped)] == [True, False, False, False]
     unknown = FleetBackend(BackendSpec(name="e", url="http://e"), CircuitBreaker())  # kind not yet known
     assert not unknown.takes_work()
+
+
+def test_a_backend_sharing_only_a_template_block_is_a_spill_not_a_hit() -> None:
+    """The chat template's first block is on every worker; the document is on one. Taking another
+    worker because the holder is busy is a spill, even though that worker matches one block."""
+    rng = random.Random(0)
+    bs = [backend("a", running=4, waiting=2), backend("b")]
+    d = choose("prefix", bs, {"a": 34, "b": 1}, {"a": 36, "b": 36}, rng)
+    assert (d.backend.name, d.kind, d.matched) == ("b", "load_spill", 1)
+
+
+def test_nothing_held_anywhere_is_least_load() -> None:
+    rng = random.Random(0)
+    bs = [backend("a", running=3), backend("b", running=1)]
+    d = choose("prefix", bs, {}, {"a": 36, "b": 36}, rng)
+    assert (d.backend.name, d.kind, d.matched) == ("b", "least_load", 0)
