@@ -129,6 +129,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help=f"tokens per step; bounds prefill chunks (default {d.max_num_batched_tokens})",
     )
     g.add_argument(
+        "--long-prefill-tokens",
+        type=_non_negative,
+        default=d.long_prefill_tokens,
+        help="while other requests wait or run, a prompt computes at most this many tokens per step, "
+        "so short prompts start and others decode alongside a long one "
+        f"(default {d.long_prefill_tokens}; 0: no cap)",
+    )
+    g.add_argument(
         "--max-queue",
         type=int,
         default=d.max_waiting,
@@ -148,6 +156,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_tokens=args.long_prefill_tokens,
         max_waiting=args.max_queue,
         enable_prefix_caching=not args.no_prefix_caching,
         attention=args.attention,
@@ -162,6 +171,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         rope_scaling=args.rope_scaling,
         context_overflow=args.context_overflow,
     )
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _json_object(text: str) -> dict[str, float | str]:
@@ -322,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cloud.bench.longctx import add_longctx_parser
 
     add_longctx_parser(bench)
+    from cloud.bench.prefill_cap import add_prefill_cap_parser
+
+    add_prefill_cap_parser(bench)
     from cloud.bench.structured_bench import add_structured_parser
 
     add_structured_parser(bench)

@@ -20,6 +20,7 @@ from litestar.types import ASGIApp
 
 from . import batch_routes, openai_routes, ops_routes, worker_routes
 from .backend import Backend
+from .batch_exec import engine_executor
 from .batch_runner import BatchRunner
 from .config import GatewayConfig
 from .errors import EXCEPTION_HANDLERS
@@ -39,7 +40,7 @@ def create_app(
     With `worker` (the engine behind `backend`), the app of `ctxfuse worker`."""
     gateway = gateway or Gateway(backend, config)
     if worker is None:
-        batches = gateway.batches or BatchRunner(gateway, config.data / "batches.sqlite")
+        batches = gateway.batches or BatchRunner(engine_executor(gateway), config.data / "batches.sqlite")
         gateway.batches = batches  # one per process, shared with the edge listener's app
         routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES]
         state = State({"gateway": gateway, "batches": batches})

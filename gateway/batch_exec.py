@@ -8,7 +8,9 @@ draining engine) are raised instead, so the runner retries the request later rat
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from shared.errors import CtxfuseError, InvalidRequestError, QueueFullError
@@ -30,7 +32,12 @@ class Answer:
     body: bytes  # JSON
 
 
-def _no_stream(stream: bool | None) -> None:
+# (endpoint, body, request id, priority) -> the answer; raises QueueFullError or
+# ServiceUnavailableError when the request cannot be taken now (the runner retries it later)
+Executor = Callable[[str, bytes, str, int], Awaitable[Answer]]
+
+
+def refuse_stream(stream: bool | None) -> None:
     if stream:
         raise InvalidRequestError("stream is not supported in a batch request", param="stream")
 
@@ -39,7 +46,7 @@ async def _chat(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes:
     backend = gw.backend_for_work()
     req = decode_body(raw, ChatCompletionRequest)
     gw.check_model(req.model)
-    _no_stream(req.stream)
+    refuse_stream(req.stream)
     plan = await chat.prepare(req, backend, gw.images)
     meter = gw.metrics.meter(time.monotonic())
     gen = await chat.submit(backend, plan, rid, priority)
@@ -51,7 +58,7 @@ async def _completion(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes
     backend = gw.backend_for_work()
     req = decode_body(raw, CompletionRequest)
     gw.check_model(req.model)
-    _no_stream(req.stream)
+    refuse_stream(req.stream)
     plan = completions.plan_completion(req, backend)
     meter = gw.metrics.meter(time.monotonic())
     gens = await completions.submit_all(backend, plan, rid, priority)
@@ -70,3 +77,8 @@ async def execute(gw: Gateway, endpoint: str, raw: bytes, rid: str, priority: in
         raise
     except CtxfuseError as exc:
         return Answer(exc.status, encode(exc.to_openai()))
+
+
+def engine_executor(gw: Gateway) -> Executor:
+    """The batch runner's executor for a gateway with its own engine."""
+    return functools.partial(execute, gw)

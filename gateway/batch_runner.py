@@ -41,16 +41,15 @@ from shared.batch_protocol import (
 from shared.dir_lock import DirInUse, DirLock, HeldBy, lock_dir
 from shared.errors import CtxfuseError, QueueFullError
 
-from .batch_exec import BATCH_PRIORITY, Answer, execute
+from .batch_exec import BATCH_PRIORITY, Answer, Executor
 from .batch_input import BatchItem, parse_batch_input
 from .batch_store import BatchStore
 from .encoding import encode
 from .errors import ServiceUnavailableError
-from .state import Gateway
 
 log = structlog.get_logger("ctxfuse.gateway")
 
-RETRY_S = 1.0  # wait before retrying work the engine could not take (queue full, engine not ready)
+RETRY_S = 1.0  # wait before retrying work that could not be taken (queue full, no engine or backend)
 
 
 def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
@@ -67,13 +66,13 @@ def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineErro
 class BatchRunner:
     def __init__(
         self,
-        gateway: Gateway,
+        execute: Executor,
         path: Path,
         concurrency: int = 4,
         priority: int = BATCH_PRIORITY,
         clock: Callable[[], float] = time.time,
     ):
-        self.gateway = gateway
+        self.execute = execute  # the in-process engine's (batch_exec.py) or the fleet's
         self.path = path
         self.concurrency = concurrency
         self.priority = priority
@@ -181,19 +180,25 @@ class BatchRunner:
     async def _run(self, batch: Batch) -> None:
         pending = deque(self.store.pending(batch.id))
         running: set[asyncio.Task[Any]] = set()
+        failed: BaseException | None = None  # ServiceUnavailableError: stop taking work, retry later
         try:
-            while pending or running:
+            while (pending and failed is None) or running:
                 self._wake.clear()  # before the check: a cancel stored after it still wakes the wait
                 if self._halted(batch):
                     break
-                while pending and len(running) < self.concurrency:
+                while failed is None and pending and len(running) < self.concurrency:
                     running.add(asyncio.create_task(self._one(batch, pending.popleft())))
                 waker = asyncio.create_task(self._wake.wait())
                 done, running = await asyncio.wait({*running, waker}, return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
                 running.discard(waker)
                 for t in done - {waker}:
-                    t.result()  # ServiceUnavailableError: stop; it runs again later
+                    exc = t.exception()  # each one read: none is left unretrieved
+                    failed = failed or exc
+            if failed is not None:
+                # raised only once the requests in flight have ended: one of them may be a fleet
+                # backend's circuit probe, and a cancelled probe would keep it from being found well
+                raise failed
         finally:
             for t in running:
                 t.cancel()
@@ -204,7 +209,7 @@ class BatchRunner:
         rid = uuid.uuid4().hex
         while True:
             try:
-                answer = await execute(self.gateway, batch.endpoint, item.body, rid, self.priority)
+                answer = await self.execute(batch.endpoint, item.body, rid, self.priority)
                 break
             except QueueFullError as exc:
                 await asyncio.sleep(max(RETRY_S, exc.retry_after_s))

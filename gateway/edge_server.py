@@ -19,6 +19,7 @@ from litestar.types import ASGIApp
 from shared.tls import edge_listener
 
 from . import batch_routes, edge_routes
+from .batch_exec import engine_executor
 from .batch_runner import BatchRunner
 from .device_limit import DeviceLimit
 from .errors import EXCEPTION_HANDLERS
@@ -30,7 +31,7 @@ from .state import Gateway
 
 def create_edge_app(gateway: Gateway) -> ASGIApp:
     owns_runner = gateway.batches is None
-    batches = gateway.batches or BatchRunner(gateway, gateway.config.data / "batches.sqlite")
+    batches = gateway.batches or BatchRunner(engine_executor(gateway), gateway.config.data / "batches.sqlite")
     gateway.batches = batches
     app = Litestar(
         route_handlers=[*edge_routes.ROUTES, list_models, retrieve_model, *batch_routes.ROUTES],

@@ -34,6 +34,9 @@ class SparseConfig:
     top_p: float | None = None  # keep the fewest selected blocks whose estimated mass reaches p
 
 
+LONG_PREFILL_TOKENS = 256  # the default cap; 12x faster first tokens for short prompts behind a long one
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # a .gguf file or a Hugging Face directory; None: the default model
@@ -45,6 +48,9 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's (scaled) context, capped by the KV budget
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
+    # a prefill's share of a step while others wait or run (0: no cap): short prompts start and
+    # running requests decode alongside a long prefill (ctxfuse bench prefill-cap, docs/benchmarks.md)
+    long_prefill_tokens: int = LONG_PREFILL_TOKENS
     max_waiting: int = 256
     enable_prefix_caching: bool = True
     seed: int = 0  # for requests without a seed: makes a whole run reproducible

@@ -102,6 +102,7 @@ class EngineCore:
                 self.max_model_len,
                 self.overflow.sink_blocks,
                 self.overflow.ring_blocks,
+                config.long_prefill_tokens,
             ),
             self.pool,
             bs,

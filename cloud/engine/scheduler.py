@@ -2,7 +2,11 @@
 
 Each step has a token budget. Running requests go first (a decode costs one token, an unfinished
 prefill takes what the budget leaves); then waiting requests are admitted in priority, then arrival,
-order, starting from their cached prefix. When the pool runs out of blocks, the running request
+order, starting from their cached prefix. With `long_prefill_tokens`, a prefill longer than that
+takes at most that many tokens of a step whenever another request is running or waiting (vLLM's
+`long_prefill_token_threshold`): the budget it leaves lets a short prompt start, and a running
+request decode, in the same step rather than after the long prompt's last chunk; alone, a long
+prompt still takes the whole budget. When the pool runs out of blocks, the running request
 that would be served last is preempted: its blocks are freed and its progress counter drops to 0,
 so it later recomputes (mostly from the prefix cache). The scheduler never touches tensors: it
 returns which requests compute which tokens into which blocks.
@@ -30,6 +34,9 @@ class SchedulerConfig:
     # sliding_window requests keep sink_blocks + a ring: at most ring_blocks live blocks between steps
     sink_blocks: int = 0
     ring_blocks: int = 0
+    # when another request could use the step, a prefill computes at most this many tokens of it
+    # (0: no cap), so one long prompt cannot hold a step's whole budget while short ones wait
+    long_prefill_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -118,16 +125,23 @@ class Scheduler:
             req, req.token_ids[start:end], start, list(req.block_ids), end == req.num_tokens
         )
 
+    def _prefill_cap(self) -> int:
+        """The most tokens one prefill chunk may take this step."""
+        cap = self.config.long_prefill_tokens
+        shared = len(self.running) + len(self.waiting) > 1  # someone else could use the budget
+        return cap if cap > 0 and shared else self.config.max_num_batched_tokens
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        cap = self._prefill_cap()
         scheduled: set[int] = set()
         for req in sorted(self.running, key=self._order):  # higher priority gets blocks first
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget, cap)
             while not self.kv.allocate(req, num_new):
                 # the lowest-priority request not yet handed out this step (req itself qualifies)
                 victim = max((r for r in self.running if id(r) not in scheduled), key=self._order)
@@ -140,10 +154,10 @@ class Scheduler:
                 scheduled.add(id(req))
                 budget -= num_new
         if not out.preempted:
-            self._admit(out, budget)
+            self._admit(out, budget, cap)
         return out
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, cap: int) -> None:
         for req in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 return
@@ -152,7 +166,7 @@ class Scheduler:
                 continue  # its sibling's prompt blocks will be in the cache soon: share them
             cached = self.kv.cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
-            num_new = min(req.num_tokens - num_cached, budget)
+            num_new = min(req.num_tokens - num_cached, budget, cap)
             if not self.kv.allocate(req, num_new, cached):
                 return  # no room now; later requests wait too, so the head is not starved
             self.waiting.remove(req)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from cloud.engine.config import LONG_PREFILL_TOKENS
 from cloud.model.loading import load_text_side
 from cloud.model.registry import fetch
 
@@ -47,6 +48,7 @@ class FleetBenchOptions:
     kv_cache_gib: float = 1.0  # per worker: every phase's documents fit, so nothing is evicted
     dtype: str = "float32"
     weight_quant: str = "none"  # dense float32 prefills faster on a small CPU than auto's choice
+    long_prefill_tokens: int = LONG_PREFILL_TOKENS  # workers' --long-prefill-tokens (0: no cap)
     model: Path | None = None
     out: Path = Path("bench-results/fleet.json")
 
@@ -61,6 +63,7 @@ class FleetBenchOptions:
         return [
             *("--dtype", self.dtype, "--weight-quant", self.weight_quant),
             *("--kv-cache-memory", f"{self.kv_cache_gib:g}", "--max-model-len", str(max_model_len)),
+            *("--long-prefill-tokens", str(self.long_prefill_tokens)),
         ]
 
 
@@ -259,6 +262,12 @@ def add_fleet_bench_parser(bench: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--dtype", default=d.dtype, help="workers' --dtype (default %(default)s)")
     p.add_argument(
         "--weight-quant", default=d.weight_quant, help="workers' --weight-quant (default %(default)s)"
+    )
+    p.add_argument(
+        "--long-prefill-tokens",
+        type=int,
+        default=d.long_prefill_tokens,
+        help="workers' --long-prefill-tokens (default %(default)s; 0: no cap)",
     )
     p.add_argument("--model", type=Path, default=None, help="a .gguf file or a Hugging Face directory")
     p.add_argument("--out", type=Path, default=d.out, help="JSON results file (default %(default)s)")

@@ -2,6 +2,10 @@
 OpenAI routes, validated the same way, answered by the backends the fleet routes to. The OpenAI
 error shape, API keys, request logs and /metrics are the gateway's own.
 
+`/tokenize`, `/detokenize` and `/v1/models/{id}` are answered by a backend (the least loaded, for
+the first two). The Files and Batch API is the gateway's own (its SQLite store under --data-dir); its
+requests are routed like live ones (batch.py). The edge listener is not served in fleet mode.
+
 `GET /fleet/v1/backends` shows what the router knows: each backend's kind, version, circuit, load,
 prefix keys, and the canary's state.
 """
@@ -10,24 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
 from shared.protocol import ChatCompletionRequest, CompletionRequest, Health
 
+from .. import batch_routes
+from ..batch_runner import BatchRunner
 from ..decode import decode_body
 from ..disconnect import cancel_on_disconnect
 from ..encoding import encode
-from ..errors import EXCEPTION_HANDLERS
+from ..errors import EXCEPTION_HANDLERS, ServiceUnavailableError
 from ..metrics import Metrics
 from ..observe import Observe
+from .batch import routed_executor
 from .fleet import Fleet
 from .health import check, run_checks
+from .keys import RequestKeys
 from .proxy import VERSION_HEADER, Outgoing, forward
 
 AnyRequest = Request[Any, Any, Any]
@@ -64,16 +75,53 @@ async def completions(request: AnyRequest) -> Response[bytes] | Stream:
     return await cancel_on_disconnect(request.receive, forward(fleet, out))
 
 
-@get("/v1/models", summary="List models (those the backends serve)")
-async def models(request: AnyRequest) -> Response[bytes]:
-    fleet = _fleet(request)
+async def _first_answer(fleet: Fleet, path: str) -> httpx.Response | None:
+    """The first reachable backend's 200 to GET `path`, else the first 4xx (every backend saying
+    no), else None when none answers."""
+    refusal: httpx.Response | None = None
     for b in fleet.backends:
         if b.reachable and b.kind is not None:
-            with contextlib.suppress(Exception):
-                resp = await fleet.client.get(f"{b.url}/v1/models", timeout=5)
+            with contextlib.suppress(httpx.HTTPError):
+                resp = await fleet.client.get(f"{b.url}{path}", timeout=5)
                 if resp.status_code == 200:
-                    return Response(resp.content, media_type=JSON)
+                    return resp
+                if resp.status_code < 500 and refusal is None:
+                    refusal = resp
+    return refusal
+
+
+@get("/v1/models", summary="List models (those the backends serve)")
+async def models(request: AnyRequest) -> Response[bytes]:
+    resp = await _first_answer(_fleet(request), "/v1/models")
+    if resp is not None and resp.status_code == 200:
+        return Response(resp.content, media_type=JSON)
     return Response(encode({"object": "list", "data": []}), media_type=JSON)
+
+
+@get("/v1/models/{model_id:path}", summary="Retrieve a model (as the backends describe it)")
+async def model(request: AnyRequest, model_id: FromPath[str]) -> Response[bytes]:
+    resp = await _first_answer(_fleet(request), f"/v1/models/{model_id.lstrip('/')}")
+    if resp is None:
+        raise ServiceUnavailableError("no backend is reachable")
+    return Response(resp.content, status_code=resp.status_code, media_type=JSON)
+
+
+async def _by_load(request: AnyRequest, path: str) -> Response[bytes] | Stream:
+    """A request with no prompt to match (tokenizing): the least loaded backend of the request's
+    version answers it, with the same failover as a completion."""
+    fleet = _fleet(request)
+    out = Outgoing(path, await request.body(), RequestKeys([], ""), request.headers.get(VERSION_HEADER))
+    return await forward(fleet, out)
+
+
+@post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages (by a backend)")
+async def tokenize(request: AnyRequest) -> Response[bytes] | Stream:
+    return await _by_load(request, "/tokenize")
+
+
+@post("/detokenize", status_code=200, summary="Text of token ids (by a backend)")
+async def detokenize(request: AnyRequest) -> Response[bytes] | Stream:
+    return await _by_load(request, "/detokenize")
 
 
 class BackendView(msgspec.Struct, kw_only=True):
@@ -134,15 +182,20 @@ async def ready(request: AnyRequest) -> Response[bytes]:
     return Response(encode(body), media_type=JSON, status_code=200 if ok else 503)
 
 
-def create_fleet_app(fleet: Fleet, metrics: Metrics, api_key: str | None, max_body_bytes: int) -> ASGIApp:
+def create_fleet_app(
+    fleet: Fleet, metrics: Metrics, api_key: str | None, max_body_bytes: int, batch_db: Path
+) -> ASGIApp:
     task: asyncio.Task[None] | None = None
+    batches = BatchRunner(routed_executor(fleet), batch_db)
 
     async def start() -> None:
         nonlocal task
         await asyncio.gather(*(check(fleet, b) for b in fleet.backends))  # kinds known before serving
         task = asyncio.get_running_loop().create_task(run_checks(fleet), name="fleet-health")
+        await batches.start()  # after the checks: resumed batches find the backends known
 
     async def stop() -> None:
+        await batches.stop()
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -153,12 +206,16 @@ def create_fleet_app(fleet: Fleet, metrics: Metrics, api_key: str | None, max_bo
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app = Litestar(
-        route_handlers=[chat_completions, completions, models, backends, health, ready, metrics_route],
+        route_handlers=[
+            *(chat_completions, completions, models, model, tokenize, detokenize),
+            *(backends, health, ready, metrics_route),
+            *batch_routes.ROUTES,
+        ],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=max_body_bytes,
         on_startup=[start],
         on_shutdown=[stop],
-        state=State({"fleet": fleet}),
+        state=State({"fleet": fleet, "batches": batches}),
         openapi_config=None,
         logging_config=None,
     )

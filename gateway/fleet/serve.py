@@ -30,7 +30,9 @@ def build_fleet_server(
     tokenizer, template = load_text_side(model)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
-    app = create_fleet_app(fleet, metrics, config.api_key, config.max_body_bytes)
+    app = create_fleet_app(
+        fleet, metrics, config.api_key, config.max_body_bytes, config.data / "batches.sqlite"
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.backend import InProcessBackend
+from gateway.batch_exec import engine_executor
 from gateway.batch_input import BatchItem, parse_batch_input
 from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore
@@ -101,7 +102,7 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_fail_as_batch_ex
     assert b.expires_at is not None
     after_window = float(b.expires_at + 1)
     gateway = Gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
-    runner = BatchRunner(gateway, path, clock=lambda: after_window)
+    runner = BatchRunner(engine_executor(gateway), path, clock=lambda: after_window)
     asyncio.run(run_until(runner, b.id, "expired"))
     store = BatchStore(path)
     try:
@@ -125,7 +126,7 @@ def test_a_second_runner_over_one_data_dir_refuses_to_start_naming_the_owner(
     path = tmp_path / "batches.sqlite"
     BatchStore(path).close()  # the dir holds a database: a runner opens it at start
     gateway = Gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
-    first, second = BatchRunner(gateway, path), BatchRunner(gateway, path)
+    first, second = BatchRunner(engine_executor(gateway), path), BatchRunner(engine_executor(gateway), path)
 
     async def both() -> None:
         await first.start()

@@ -18,9 +18,12 @@ def make(
     max_num_seqs: int = 32,
     max_waiting: int = 256,
     max_model_len: int = 8192,
+    long_prefill: int = 0,
 ) -> tuple[Scheduler, BlockPool]:
     pool = BlockPool(num_blocks)
-    config = SchedulerConfig(max_num_seqs, budget, max_waiting, max_model_len)
+    config = SchedulerConfig(
+        max_num_seqs, budget, max_waiting, max_model_len, long_prefill_tokens=long_prefill
+    )
     return Scheduler(config, pool, BS), pool
 
 

@@ -112,6 +112,14 @@ def test_logits_match_when_prompt_is_prefilled_in_chunks(loaded_model, hf_model)
     check_against_reference(hf_model, rec, "chunked", ids, out["chunked"])
 
 
+def test_logits_match_when_a_capped_long_prefill_shares_its_steps(loaded_model, hf_model) -> None:  # type: ignore[no-untyped-def]
+    core, rec = make_core(loaded_model, long_prefill_tokens=13)  # the long prompt in 13-token pieces
+    prompts = {"long": chat_ids(core, DOC + " Where does the Rhine end?"), "short": chat_ids(core, CHATS[0])}
+    out = generate(core, prompts, max_tokens=4)
+    for rid, ids in prompts.items():
+        check_against_reference(hf_model, rec, rid, ids, out[rid])
+
+
 def test_logits_match_when_prompt_comes_partly_from_prefix_cache(loaded_model, hf_model) -> None:  # type: ignore[no-untyped-def]
     core, rec = make_core(loaded_model)
     first = chat_ids(core, DOC + " Where does the Rhine begin?")

@@ -88,6 +88,40 @@ def test_decode_interleaves_with_another_requests_prefill_chunks() -> None:
     assert b.token_ids == [*range(50, 58), 60]
 
 
+def test_a_long_prefill_alone_takes_the_whole_budget_even_with_a_cap() -> None:
+    s, _ = make(budget=8, num_blocks=16, long_prefill=4)
+    s.add(req("long", list(range(100, 120))))
+    out, _ = step(s)
+    assert plan(out) == [("long", 0, 8, False)]
+
+
+def test_a_capped_long_prefill_lets_a_short_prompt_start_in_the_same_step() -> None:
+    s, _ = make(budget=8, num_blocks=16, long_prefill=4)
+    long, short = req("long", list(range(100, 120)), t=0), req("short", [1, 2, 3], t=1)
+    s.add(long)
+    out, _ = step(s)
+    assert plan(out) == [("long", 0, 8, False)]  # alone: uncapped
+    s.add(short)
+    out, evs = step(s, {"short": 7})
+    assert plan(out) == [("long", 8, 4, False), ("short", 0, 3, True)]  # the short one's first token now
+    assert events(evs) == [("short", 7, None)]
+    out, _ = step(s)
+    assert plan(out) == [("long", 12, 4, False), ("short", 3, 1, True)]  # it decodes alongside
+    out, _ = step(s)
+    assert plan(out) == [("long", 16, 4, True), ("short", 4, 1, True)]
+    assert long.num_computed_tokens == 20 and len(long.token_ids) == 21
+
+
+def test_without_a_cap_a_long_prefill_holds_the_step_and_the_short_prompt_waits() -> None:
+    s, _ = make(budget=8, num_blocks=16)
+    long, short = req("long", list(range(100, 124)), t=0), req("short", [1, 2, 3], t=1)
+    s.add(long)
+    step(s)
+    s.add(short)
+    out, _ = step(s)
+    assert plan(out) == [("long", 8, 8, False)]  # the whole budget: "short" waits for the next step
+
+
 # -- prefix cache --------------------------------------------------------------------------------
 
 

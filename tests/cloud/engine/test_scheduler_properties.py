@@ -4,6 +4,7 @@ block bookkeeping after every action, and that every request finishes when steps
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -31,10 +32,12 @@ def expected_hashes(req: Request, num_blocks: int) -> list[bytes]:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    config = CONFIG
+
     def __init__(self) -> None:
         super().__init__()
         self.pool = BlockPool(NUM_BLOCKS)
-        self.s = Scheduler(CONFIG, self.pool, BS)
+        self.s = Scheduler(self.config, self.pool, BS)
         self.submitted: list[Request] = []
         self.aborted: set[str] = set()
         self.clock = 0.0
@@ -43,7 +46,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         return list(self.s.requests.values())
 
     def _submit(self, req: Request) -> None:
-        full = len(self.s.waiting) >= CONFIG.max_waiting
+        full = len(self.s.waiting) >= self.config.max_waiting
         try:
             self.s.add(req)
         except QueueFullError:
@@ -79,8 +82,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         ids = [c.request.request_id for c in out.chunks]
         assert len(ids) == len(set(ids))
         assert not set(ids) & set(out.preempted)
-        assert 0 < out.num_tokens <= CONFIG.max_num_batched_tokens or not self.s.requests
-        assert len(self.s.running) <= CONFIG.max_num_seqs
+        assert 0 < out.num_tokens <= self.config.max_num_batched_tokens or not self.s.requests
+        assert len(self.s.running) <= self.config.max_num_seqs
         for c in out.chunks:
             req = c.request
             end = c.start_pos + len(c.token_ids)
@@ -200,7 +203,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(r.status is RequestStatus.RUNNING for r in self.s.running)
         keys = [(r.priority, r.arrival_time) for r in self.s.waiting]
         assert keys == sorted(keys)
-        assert len(running) <= CONFIG.max_num_seqs
+        assert len(running) <= self.config.max_num_seqs
 
     @invariant()
     def cache_points_at_blocks_with_that_hash(self) -> None:
@@ -240,10 +243,24 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert len(r.output_token_ids) == r.params.max_tokens or r.num_tokens == CAPACITY
 
 
-SchedulerMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def machine_settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+SchedulerMachine.TestCase.settings = machine_settings(150)
 TestSchedulerProperties = SchedulerMachine.TestCase
+
+
+class CappedPrefillMachine(SchedulerMachine):
+    """The same with long prefills capped at 2 tokens a step while others wait or run."""
+
+    config = replace(CONFIG, long_prefill_tokens=2)
+
+
+CappedPrefillMachine.TestCase.settings = machine_settings(100)
+TestCappedPrefillProperties = CappedPrefillMachine.TestCase

@@ -5,79 +5,16 @@ affinity, and the canary's automatic rollback."""
 from __future__ import annotations
 
 import contextlib
-import random
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
 
-from gateway.config import GatewayConfig
 from gateway.fleet.canary import CanaryPolicy
-from gateway.fleet.config import BackendSpec, FleetConfig
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.serve import build_fleet_server
 
 from .openai_stub import StubServer
-
-
-@dataclass
-class Running:
-    url: str
-    fleet: Fleet
-    stop: object
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-    def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics").text
-
-
-def run_fleet(config: FleetConfig, seed: int = 0) -> Running:
-    server, fleet = build_fleet_server(config, GatewayConfig(port=0), rng=random.Random(seed))
-    thread = threading.Thread(target=server.run, daemon=True, name="fleet-gateway")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the fleet gateway did not start")
-        time.sleep(0.02)
-    port = int(server.servers[0].sockets[0].getsockname()[1])
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=15)
-
-    return Running(f"http://127.0.0.1:{port}", fleet, stop)
-
-
-def fleet_of(
-    *stubs: StubServer, versions: tuple[str, ...] = (), weights: tuple[float, ...] = (), **kw: object
-) -> FleetConfig:
-    specs = tuple(
-        BackendSpec(
-            name=s.behaviour.name,
-            url=s.url,
-            kind="auto",
-            version=versions[i] if versions else "v1",
-            weight=weights[i] if weights else 1.0,
-        )
-        for i, s in enumerate(stubs)
-    )
-    defaults: dict[str, object] = {"health_interval_s": 0.2, "cooldown_s": 0.5, "failures_to_open": 2}
-    return FleetConfig(backends=specs, **{**defaults, **kw})  # type: ignore[arg-type]
-
-
-@pytest.fixture()
-def stubs() -> Iterator[tuple[StubServer, StubServer]]:
-    a, b = StubServer("a"), StubServer("b")
-    yield a, b
-    a.stop()
-    b.stop()
+from .stub_fleet import fleet_of, run_fleet
 
 
 def ask(client: openai.OpenAI, text: str = "hello") -> str:

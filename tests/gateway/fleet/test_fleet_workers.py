@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.bench.worker_proc import WorkerProcess
@@ -21,6 +22,8 @@ from gateway.fleet.config import BackendSpec, FleetConfig
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.proxy import BACKEND_HEADER
 from gateway.fleet.serve import build_fleet_server
+
+from ..batches import chat_line, lines_of, start, wait
 
 MODEL = "smollm2-135m-instruct"
 ENGINE_ARGS = (
@@ -53,12 +56,13 @@ class Fleetside:
 
 
 @pytest.fixture(scope="module")
-def fleetside(gguf_path: Path) -> Iterator[Fleetside]:
+def fleetside(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleetside]:
     workers = {f"w{i}": WorkerProcess(gguf_path, MODEL, *ENGINE_ARGS) for i in range(2)}
     try:
         specs = tuple(BackendSpec(name=n, url=w.wait_ready(), kind="ctxfuse") for n, w in workers.items())
         config = FleetConfig(backends=specs, health_interval_s=0.2, cooldown_s=1.0, failures_to_open=2)
-        server, fleet = build_fleet_server(config, GatewayConfig(port=0), gguf_path, random.Random(0))
+        gateway = GatewayConfig(port=0, data_dir=tmp_path_factory.mktemp("fleet-data"))
+        server, fleet = build_fleet_server(config, gateway, gguf_path, random.Random(0))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         while not server.started:
@@ -112,6 +116,37 @@ def test_a_hot_prefix_spreads_when_its_worker_is_saturated(fleetside: Fleetside)
     served_by = {r.headers[BACKEND_HEADER] for r in replies}
     assert served_by == {"w0", "w1"}  # the holder took what it could; the rest spilled
     assert fleetside.decisions().get("load_spill", 0) > before
+
+
+def test_tokenize_detokenize_and_a_model_are_answered_by_a_worker(fleetside: Fleetside) -> None:
+    worker = next(iter(fleetside.workers.values())).url
+    messages = [{"role": "user", "content": "How many tokens is this?"}]
+    routed = httpx.post(f"{fleetside.url}/tokenize", json={"model": MODEL, "messages": messages})
+    direct = httpx.post(f"{worker}/tokenize", json={"model": MODEL, "messages": messages})
+    assert routed.status_code == 200 and routed.json() == direct.json()
+    assert routed.headers[BACKEND_HEADER] in fleetside.workers
+    tokens = routed.json()["tokens"]
+    back = httpx.post(f"{fleetside.url}/detokenize", json={"model": MODEL, "tokens": tokens})
+    assert "How many tokens is this?" in back.json()["prompt"]
+    bad = httpx.post(f"{fleetside.url}/detokenize", json={"model": MODEL, "tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"  # the worker's 400, as is
+    assert httpx.get(f"{fleetside.url}/v1/models/{MODEL}").json()["id"] == MODEL
+    missing = httpx.get(f"{fleetside.url}/v1/models/no-such-model")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_batch_runs_on_the_workers(fleetside: Fleetside) -> None:
+    client = openai.OpenAI(base_url=f"{fleetside.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    doc = document(3, sections=4)
+    lines = [chat_line(f"q{i}", f"{doc}\nQuestion {i}?", max_tokens=4) for i in range(3)]
+    batch = wait(client, start(client, lines).id, timeout=120)
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 0)
+    out = lines_of(client, batch.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == ["q0", "q1", "q2"]
+    usages = [x["response"]["body"]["usage"] for x in out]
+    assert all(u["completion_tokens"] > 0 for u in usages)
+    assert sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages) > 0  # the shared document
 
 
 def test_a_killed_worker_costs_only_the_stream_it_was_sending(fleetside: Fleetside) -> None:

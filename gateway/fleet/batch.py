@@ -1,0 +1,58 @@
+"""The Batch API in fleet mode: the batch runner (gateway/batch_runner.py) runs each request of a
+batch through the same routing as a live one (keys, policy, canary, failover), whole rather than
+streamed, and stores the backend's answer as the line's response.
+
+A request that no backend could take (all down, all answering 5xx or 429) is not failed: the runner
+retries it later, so a batch outlives an outage of the whole fleet. A backend's 4xx is the line's
+answer, as the route would have given it. Backends run batch requests at their normal priority; the
+runner's concurrency (a few at a time) is what keeps a batch from crowding out live traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import cast
+
+from litestar.response import Stream
+
+from shared.errors import CtxfuseError
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+
+from ..batch_exec import Answer, Executor, refuse_stream
+from ..decode import decode_body
+from ..encoding import encode
+from ..errors import ServiceUnavailableError
+from .fleet import Fleet
+from .keys import RequestKeys
+from .proxy import Outgoing, forward
+
+
+async def _keys(fleet: Fleet, endpoint: str, raw: bytes) -> RequestKeys:
+    blocks = any(b.reports_blocks for b in fleet.backends)
+    if endpoint == "/v1/chat/completions":
+        chat = decode_body(raw, ChatCompletionRequest)
+        refuse_stream(chat.stream)
+        return await asyncio.to_thread(fleet.keys.chat, chat, blocks)
+    completion = decode_body(raw, CompletionRequest)
+    refuse_stream(completion.stream)
+    return await asyncio.to_thread(fleet.keys.completion, completion, blocks)
+
+
+def routed_executor(fleet: Fleet) -> Executor:
+    async def execute(endpoint: str, raw: bytes, rid: str, priority: int) -> Answer:
+        try:
+            keys = await _keys(fleet, endpoint, raw)
+            answer = await forward(fleet, Outgoing(endpoint, raw, keys, None))
+        except ServiceUnavailableError:
+            raise  # no backend took it: the runner tries again later
+        except CtxfuseError as exc:
+            return Answer(exc.status, encode(exc.to_openai()))
+        if isinstance(answer, Stream):  # a backend that streams what was asked whole: read it to its
+            async for _ in cast(AsyncIterator[bytes], answer.iterator):  # end, which also settles
+                pass  # the backend's count of work
+            why = "the backend streamed a response asked for whole"
+            return Answer(502, encode(CtxfuseError(why).to_openai()))
+        return Answer(answer.status_code or 200, answer.content)
+
+    return execute
