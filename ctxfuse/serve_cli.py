@@ -59,13 +59,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if fleet is not None:  # a router: no engine here, only the model's tokenizer
         from gateway.fleet.serve import serve_fleet
 
-        if args.edge_port is not None:
-            print(
-                "ctxfuse: the edge listener is not served in fleet mode (yet); drop --edge-port",
-                file=sys.stderr,
-            )
-            return 2
-
         return serve_fleet(fleet, gateway, args.model)
     ensure_vision_files()
     return serve(engine_config(args), gateway)

@@ -21,6 +21,7 @@ from shared.tls import edge_listener
 from . import batch_routes, edge_routes
 from .batch_exec import engine_executor
 from .batch_runner import BatchRunner
+from .config import GatewayConfig
 from .device_limit import DeviceLimit
 from .errors import EXCEPTION_HANDLERS
 from .observe import Observe
@@ -68,11 +69,16 @@ class EdgeServer(uvicorn.Server):
 
 
 def build_edge_server(gateway: Gateway) -> EdgeServer:
-    cfg = gateway.config
+    # lifespan on: it runs the batch runner when this app owns it
+    return edge_server_for(create_edge_app(gateway), gateway.config, lifespan="on")
+
+
+def edge_server_for(app: ASGIApp, cfg: GatewayConfig, lifespan: str) -> EdgeServer:
+    """The mutual-TLS listener on --edge-host/--edge-port for `app` (a gateway's or a router's)."""
     if cfg.tls_dir is None or cfg.edge_port is None:
         raise ValueError("the edge listener needs --edge-port and --tls-dir")
     listener = edge_listener(
-        create_edge_app(gateway),  # type: ignore[arg-type]
+        app,  # type: ignore[arg-type]
         cfg.tls_dir,
         host=cfg.edge_host,
         port=cfg.edge_port,
@@ -80,6 +86,6 @@ def build_edge_server(gateway: Gateway) -> EdgeServer:
         log_config=None,
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.shutdown_timeout_s),
-        lifespan="on",  # runs the batch runner when this app owns it
+        lifespan=lifespan,
     )
     return EdgeServer(listener.config)

@@ -40,19 +40,18 @@ def bound_port(server: uvicorn.Server) -> int | None:
     return None
 
 
-class GatewayServer(uvicorn.Server):
-    """uvicorn, plus: mark the gateway draining on a signal, and report the bound address."""
+class DrainingServer(uvicorn.Server):
+    """uvicorn whose SIGINT / SIGTERM is a graceful stop and a clean exit (status 0), stopping its
+    companions (an edge listener) with it."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_started: bool = True) -> None:
+    def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
-        self.gateway = gateway
-        self.announce = on_started
         self.companions: list[uvicorn.Server] = []  # the edge listener: stopped with this server
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises the signal after its graceful shutdown, so the process dies of SIGTERM;
-        # a completed drain is a clean exit here (status 0), and serve() gets to stop the engine.
+        # a completed drain is a clean exit here (status 0), and the caller gets to clean up.
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -64,11 +63,23 @@ class GatewayServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        for companion in self.companions:
+            companion.handle_exit(sig, frame)
+        super().handle_exit(sig, frame)
+
+
+class GatewayServer(DrainingServer):
+    """Also: mark the gateway draining on a signal, and report the bound address."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_started: bool = True) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+        self.announce = on_started
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.gateway.draining:
             log.info("draining", signal=sig, timeout_s=self.config.timeout_graceful_shutdown)
         self.gateway.draining = True
-        for companion in self.companions:
-            companion.handle_exit(sig, frame)
         super().handle_exit(sig, frame)
 
     @property
@@ -122,11 +133,16 @@ def run_servers(server: GatewayServer) -> None:
 
     edge = build_edge_server(server.gateway)
     server.companions.append(edge)
+    serve_together(server, edge)
+
+
+def serve_together(main: uvicorn.Server, companion: uvicorn.Server) -> None:
+    """Both servers on one event loop until `main` stops (its handle_exit stops the companion)."""
 
     async def both() -> None:
-        await asyncio.gather(server.serve(), edge.serve())
+        await asyncio.gather(main.serve(), companion.serve())
 
-    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
         runner.run(both())
 
 

@@ -4,7 +4,7 @@ error shape, API keys, request logs and /metrics are the gateway's own.
 
 `/tokenize`, `/detokenize` and `/v1/models/{id}` are answered by a backend (the least loaded, for
 the first two). The Files and Batch API is the gateway's own (its SQLite store under --data-dir); its
-requests are routed like live ones (batch.py). The edge listener is not served in fleet mode.
+requests are routed like live ones (batch.py). The edge listener (edge.py) routes what devices send.
 
 `GET /fleet/v1/backends` shows what the router knows: each backend's kind, version, circuit, load,
 prefix keys, and the canary's state.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,7 +34,6 @@ from ..encoding import encode
 from ..errors import EXCEPTION_HANDLERS, ServiceUnavailableError
 from ..metrics import Metrics
 from ..observe import Observe
-from .batch import routed_executor
 from .fleet import Fleet
 from .health import check, run_checks
 from .keys import RequestKeys
@@ -54,25 +52,29 @@ def _reports_blocks(fleet: Fleet) -> bool:
     return any(b.reports_blocks for b in fleet.backends)
 
 
-@post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI), routed")
-async def chat_completions(request: AnyRequest) -> Response[bytes] | Stream:
+async def route_body(request: AnyRequest, path: str, raw: bytes) -> Response[bytes] | Stream:
+    """A chat or completion body (from the client, or expanded from the edge link), routed."""
     fleet = _fleet(request)
-    raw = await request.body()
-    req = decode_body(raw, ChatCompletionRequest)  # a bad body is our 400, not a backend's
-    keys = await asyncio.to_thread(fleet.keys.chat, req, _reports_blocks(fleet))
-    out = Outgoing("/v1/chat/completions", raw, keys, request.headers.get(VERSION_HEADER))
+    blocks = _reports_blocks(fleet)
+    if path == "/v1/chat/completions":
+        chat = decode_body(raw, ChatCompletionRequest)  # a bad body is our 400, not a backend's
+        keys = await asyncio.to_thread(fleet.keys.chat, chat, blocks)
+    else:
+        completion = decode_body(raw, CompletionRequest)
+        keys = await asyncio.to_thread(fleet.keys.completion, completion, blocks)
+    out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER))
     # a client gone before the answer: closing the backend request aborts the work there too
     return await cancel_on_disconnect(request.receive, forward(fleet, out))
 
 
+@post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI), routed")
+async def chat_completions(request: AnyRequest) -> Response[bytes] | Stream:
+    return await route_body(request, "/v1/chat/completions", await request.body())
+
+
 @post("/v1/completions", status_code=200, summary="Create a completion (OpenAI, legacy), routed")
 async def completions(request: AnyRequest) -> Response[bytes] | Stream:
-    fleet = _fleet(request)
-    raw = await request.body()
-    req = decode_body(raw, CompletionRequest)
-    keys = await asyncio.to_thread(fleet.keys.completion, req, _reports_blocks(fleet))
-    out = Outgoing("/v1/completions", raw, keys, request.headers.get(VERSION_HEADER))
-    return await cancel_on_disconnect(request.receive, forward(fleet, out))
+    return await route_body(request, "/v1/completions", await request.body())
 
 
 async def _first_answer(fleet: Fleet, path: str) -> httpx.Response | None:
@@ -183,10 +185,10 @@ async def ready(request: AnyRequest) -> Response[bytes]:
 
 
 def create_fleet_app(
-    fleet: Fleet, metrics: Metrics, api_key: str | None, max_body_bytes: int, batch_db: Path
+    fleet: Fleet, metrics: Metrics, api_key: str | None, max_body_bytes: int, batches: BatchRunner
 ) -> ASGIApp:
+    """`batches`: the process's one batch runner, shared with the edge listener's app (edge.py)."""
     task: asyncio.Task[None] | None = None
-    batches = BatchRunner(routed_executor(fleet), batch_db)
 
     async def start() -> None:
         nonlocal task

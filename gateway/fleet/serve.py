@@ -1,6 +1,7 @@
 """`ctxfuse serve --backend URL ...` / `--fleet fleet.toml`: the gateway with no engine of its own,
 routing to the fleet. It loads only the model's tokenizer and chat template (to name the prompt
-blocks a request needs), never its weights."""
+blocks a request needs), never its weights. With `--edge-port` and `--tls-dir` it also runs the
+edge listener (edge.py) on the same event loop, stopped with the plain server."""
 
 from __future__ import annotations
 
@@ -12,13 +13,26 @@ import uvicorn
 
 from cloud.model.loading import load_text_side
 
+from ..batch_runner import BatchRunner
 from ..config import GatewayConfig
 from ..logs import configure_logging
 from ..metrics import Metrics
+from ..server import DrainingServer, open_chunk_store, serve_together
 from .app import create_fleet_app
+from .batch import routed_executor
 from .config import FleetConfig
+from .edge import build_fleet_edge_server
 from .fleet import Fleet
 from .metrics import FleetMetrics
+
+
+class FleetServer(DrainingServer):
+    """Also: what the edge listener shares with the plain port."""
+
+    def __init__(self, config: uvicorn.Config, metrics: Metrics, batches: BatchRunner) -> None:
+        super().__init__(config)
+        self.metrics = metrics
+        self.batches = batches  # one runner per process, started by the plain app's lifespan
 
 
 def build_fleet_server(
@@ -26,14 +40,13 @@ def build_fleet_server(
     config: GatewayConfig,
     model: str | Path | None = None,
     rng: random.Random | None = None,
-) -> tuple[uvicorn.Server, Fleet]:
+) -> tuple[FleetServer, Fleet]:
     tokenizer, template = load_text_side(model)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
-    app = create_fleet_app(
-        fleet, metrics, config.api_key, config.max_body_bytes, config.data / "batches.sqlite"
-    )
-    server = uvicorn.Server(
+    batches = BatchRunner(routed_executor(fleet), config.data / "batches.sqlite")
+    app = create_fleet_app(fleet, metrics, config.api_key, config.max_body_bytes, batches)
+    server = FleetServer(
         uvicorn.Config(
             app,
             host=config.host,
@@ -42,7 +55,9 @@ def build_fleet_server(
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=int(config.shutdown_timeout_s),
-        )
+        ),
+        metrics,
+        batches,
     )
     return server, fleet
 
@@ -51,7 +66,16 @@ def serve_fleet(fleet_config: FleetConfig, config: GatewayConfig, model: str | P
     configure_logging(config.log_level)
     names = ", ".join(f"{b.name}={b.url} ({b.version})" for b in fleet_config.backends)
     print(f"ctxfuse: routing ({fleet_config.policy}) to {names}", file=sys.stderr, flush=True)
-    server, _ = build_fleet_server(fleet_config, config, model)
+    server, fleet = build_fleet_server(fleet_config, config, model)
     print(f"ctxfuse: serving on {config.base_url}", file=sys.stderr, flush=True)
-    server.run()
+    if config.edge_port is None:
+        server.run()
+        return 0 if server.started else 1
+    store = open_chunk_store(config)
+    try:
+        edge = build_fleet_edge_server(fleet, store, server.batches, server.metrics, config)
+        server.companions.append(edge)
+        serve_together(server, edge)
+    finally:
+        store.close()
     return 0 if server.started else 1

@@ -138,12 +138,14 @@ def test_tokenize_detokenize_and_a_model_are_answered_by_a_worker(fleetside: Fle
 def test_a_batch_runs_on_the_workers(fleetside: Fleetside) -> None:
     client = openai.OpenAI(base_url=f"{fleetside.url}/v1", api_key="unused", max_retries=0, timeout=60)
     doc = document(3, sections=4)
-    lines = [chat_line(f"q{i}", f"{doc}\nQuestion {i}?", max_tokens=4) for i in range(3)]
+    # answered before the batch starts: its worker holds the document, and the router knows it
+    assert fleetside.chat(f"{doc}\nQuestion 0?").status_code == 200
+    lines = [chat_line(f"q{i}", f"{doc}\nQuestion {i}?", max_tokens=4) for i in range(1, 4)]
     batch = wait(client, start(client, lines).id, timeout=120)
     assert batch.status == "completed" and batch.request_counts is not None
     assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 0)
     out = lines_of(client, batch.output_file_id)
-    assert sorted(x["custom_id"] for x in out) == ["q0", "q1", "q2"]
+    assert sorted(x["custom_id"] for x in out) == ["q1", "q2", "q3"]
     usages = [x["response"]["body"]["usage"] for x in out]
     assert all(u["completion_tokens"] > 0 for u in usages)
     assert sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages) > 0  # the shared document
