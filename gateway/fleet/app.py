@@ -24,11 +24,10 @@ from litestar.params import FromPath
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
-from shared.protocol import ChatCompletionRequest, CompletionRequest, Health
+from shared.protocol import Health
 
 from .. import batch_routes
 from ..batch_runner import BatchRunner
-from ..decode import decode_body
 from ..disconnect import cancel_on_disconnect
 from ..encoding import encode
 from ..errors import EXCEPTION_HANDLERS, ServiceUnavailableError
@@ -48,20 +47,10 @@ def _fleet(request: AnyRequest) -> Fleet:
     return fleet
 
 
-def _reports_blocks(fleet: Fleet) -> bool:
-    return any(b.reports_blocks for b in fleet.backends)
-
-
 async def route_body(request: AnyRequest, path: str, raw: bytes) -> Response[bytes] | Stream:
     """A chat or completion body (from the client, or expanded from the edge link), routed."""
     fleet = _fleet(request)
-    blocks = _reports_blocks(fleet)
-    if path == "/v1/chat/completions":
-        chat = decode_body(raw, ChatCompletionRequest)  # a bad body is our 400, not a backend's
-        keys = await asyncio.to_thread(fleet.keys.chat, chat, blocks)
-    else:
-        completion = decode_body(raw, CompletionRequest)
-        keys = await asyncio.to_thread(fleet.keys.completion, completion, blocks)
+    _, keys = await asyncio.to_thread(fleet.request_keys, path, raw)
     out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER))
     # a client gone before the answer: closing the backend request aborts the work there too
     return await cancel_on_disconnect(request.receive, forward(fleet, out))

@@ -17,32 +17,19 @@ from typing import cast
 from litestar.response import Stream
 
 from shared.errors import CtxfuseError
-from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 from ..batch_exec import Answer, Executor, refuse_stream
-from ..decode import decode_body
 from ..encoding import encode
 from ..errors import ServiceUnavailableError
 from .fleet import Fleet
-from .keys import RequestKeys
 from .proxy import Outgoing, forward
-
-
-async def _keys(fleet: Fleet, endpoint: str, raw: bytes) -> RequestKeys:
-    blocks = any(b.reports_blocks for b in fleet.backends)
-    if endpoint == "/v1/chat/completions":
-        chat = decode_body(raw, ChatCompletionRequest)
-        refuse_stream(chat.stream)
-        return await asyncio.to_thread(fleet.keys.chat, chat, blocks)
-    completion = decode_body(raw, CompletionRequest)
-    refuse_stream(completion.stream)
-    return await asyncio.to_thread(fleet.keys.completion, completion, blocks)
 
 
 def routed_executor(fleet: Fleet) -> Executor:
     async def execute(endpoint: str, raw: bytes, rid: str, priority: int) -> Answer:
         try:
-            keys = await _keys(fleet, endpoint, raw)
+            stream, keys = await asyncio.to_thread(fleet.request_keys, endpoint, raw)
+            refuse_stream(stream)
             answer = await forward(fleet, Outgoing(endpoint, raw, keys, None))
         except ServiceUnavailableError:
             raise  # no backend took it: the runner tries again later

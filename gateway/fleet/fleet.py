@@ -10,7 +10,9 @@ import structlog
 
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
+from shared.protocol import ChatCompletionRequest, CompletionRequest
 
+from ..decode import decode_body
 from .backend import FleetBackend
 from .canary import CanaryController, Rollback
 from .circuit import CircuitBreaker, CircuitState, OnChange
@@ -84,6 +86,16 @@ class Fleet:
         )
         self.metrics.rollbacks.labels(version=rollback.version).inc()
         self._export_version(rollback.version)
+
+    def request_keys(self, path: str, raw: bytes) -> tuple[bool, RequestKeys]:
+        """(whether it asks for a stream, its prefix keys) from a chat or completion body as the
+        client sent it; a bad body is our 400, not a backend's. It tokenizes: call it off the loop."""
+        token_keys = any(b.reports_blocks for b in self.backends)  # else tokenizing is wasted work
+        if path == "/v1/chat/completions":
+            chat = decode_body(raw, ChatCompletionRequest)
+            return bool(chat.stream), self.keys.chat(chat, token_keys)
+        completion = decode_body(raw, CompletionRequest)
+        return bool(completion.stream), self.keys.completion(completion, token_keys)
 
     def in_version(self, version: str | None) -> list[FleetBackend]:
         return [b for b in self.backends if version is None or b.spec.version == version]
