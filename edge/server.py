@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import uvicorn
 
+from shared.keep_alive import SERVER_KEEP_ALIVE_S
+
 from .agent import Agent, create_agent_app
 from .config import EdgeConfig
 
 
 def agent_server(config: EdgeConfig, log_level: str = "info") -> uvicorn.Server:
-    app = create_agent_app(Agent(config))
-    return uvicorn.Server(
-        uvicorn.Config(
-            app, host=config.host, port=config.port, log_config=None, log_level=log_level, lifespan="on"
-        )
+    return uvicorn.Server(agent_uvicorn_config(Agent(config), config.host, config.port, log_level))
+
+
+def agent_uvicorn_config(agent: Agent, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    """The agent app under uvicorn; lifespan on: startup starts the outbox forwarder and loads the
+    image pipeline, shutdown closes the uplink and the stores."""
+    return uvicorn.Config(
+        create_agent_app(agent),
+        host=host,
+        port=port,
+        log_config=None,
+        log_level=log_level,
+        lifespan="on",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
     )

@@ -5,17 +5,25 @@ dedup and compression, which is what the link costs."""
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import msgspec
+import structlog
 
 from shared.edge_protocol import MSGPACK
+from shared.keep_alive import CLIENT_KEEP_ALIVE_S
 
 from .acked import AckedChunks
 from .encode import ChunkMemo, Endpoint, Outgoing, chunk_strings
 
 EDGE_PATH = "/edge/v1/request"
+
+# the connection broke after it was open: closed under a request, reset, or cut mid-write
+_BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+log = structlog.get_logger("ctxfuse.edge")
 
 
 class GatewayUnreachable(Exception):
@@ -32,7 +40,9 @@ class Uplink:
         self._memo = ChunkMemo()
         # generation can take minutes: no read timeout; a dead link shows at connect or write
         timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=connect_timeout_s)
-        limits = httpx.Limits(max_connections=16, max_keepalive_connections=4, keepalive_expiry=60.0)
+        limits = httpx.Limits(
+            max_connections=16, max_keepalive_connections=4, keepalive_expiry=CLIENT_KEEP_ALIVE_S
+        )
         self._client = httpx.AsyncClient(base_url=base_url, verify=tls, timeout=timeout, limits=limits)
 
     async def forward(self, endpoint: Endpoint, body: Any) -> httpx.Response:
@@ -57,19 +67,31 @@ class Uplink:
 
     async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """A plain call to the gateway (the Batch API), read whole; httpx's keywords as they are."""
-        try:
-            return await self._client.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise GatewayUnreachable(_why(exc)) from exc
+        return await self._send(lambda: self._client.build_request(method, path, **kw), stream=False)
 
     async def _post(self, out: Outgoing) -> httpx.Response:
         content = msgspec.msgpack.encode(out.request)
         self.uploaded_bytes += len(content)
-        request = self._client.build_request(
-            "POST", EDGE_PATH, content=content, headers={"content-type": MSGPACK}
+        headers = {"content-type": MSGPACK}
+        return await self._send(
+            lambda: self._client.build_request("POST", EDGE_PATH, content=content, headers=headers),
+            stream=True,
         )
+
+    async def _send(self, build: Callable[[], httpx.Request], stream: bool) -> httpx.Response:
+        """Send; if the connection broke before an answer came (a kept-alive connection the
+        gateway closed as it was reused, see shared/keep_alive.py), once more, on another connection.
+        Edge requests are safe to repeat: the gateway stores chunks by digest, and the Batch API's
+        creates carry an Idempotency-Key. A refused or timed-out connect is not retried: the link is
+        down, and the app hears so at once."""
         try:
-            return await self._client.send(request, stream=True)
+            return await self._client.send(build(), stream=stream)
+        except _BROKEN as exc:
+            log.info("uplink_resend", why=_why(exc))
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(_why(exc)) from exc
+        try:
+            return await self._client.send(build(), stream=stream)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(_why(exc)) from exc
 

@@ -16,6 +16,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.types import ASGIApp
 
+from shared.keep_alive import SERVER_KEEP_ALIVE_S
 from shared.tls import edge_listener
 
 from . import batch_routes, edge_routes
@@ -86,6 +87,7 @@ def edge_server_for(app: ASGIApp, cfg: GatewayConfig, lifespan: str) -> EdgeServ
         log_config=None,
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.shutdown_timeout_s),
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         lifespan=lifespan,
     )
     return EdgeServer(listener.config)

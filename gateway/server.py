@@ -20,6 +20,7 @@ import uvicorn
 
 from cloud.engine.config import EngineConfig
 from cloud.model.registry import cache_dir
+from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
 from .app import create_app
 from .backend import Backend, InProcessBackend
@@ -104,6 +105,7 @@ def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
         log_config=None,
         log_level=config.log_level,
         timeout_graceful_shutdown=int(config.shutdown_timeout_s),
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         lifespan="on",
     )
 

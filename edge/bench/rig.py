@@ -15,8 +15,9 @@ from pathlib import Path
 
 import uvicorn
 
-from edge.agent import Agent, create_agent_app
+from edge.agent import Agent
 from edge.config import EdgeConfig
+from edge.server import agent_uvicorn_config
 from gateway.bench.serve import ServerProcess, free_port
 from shared.certs import init_ca, issue_device, issue_server
 
@@ -76,11 +77,6 @@ def rig(configure: Callable[[EdgeConfig], EdgeConfig] | None = None) -> Iterator
             state_dir=Path(tmp) / "agent",
         )
         agent = Agent(configure(config) if configure else config)
-        # lifespan on: the app's startup starts the outbox forwarder and loads the image pipeline
-        # (`agent.images`), and its shutdown closes the uplink and the stores
-        app = create_agent_app(agent)
-        agent_server = uvicorn.Server(
-            uvicorn.Config(app, host=HOST, port=0, log_config=None, log_level="warning", lifespan="on")
-        )
+        agent_server = uvicorn.Server(agent_uvicorn_config(agent, HOST, 0, "warning"))
         agent_port = stack.enter_context(_running(agent_server, "edge agent"))
         yield Rig(agent, f"http://{HOST}:{agent_port}", f"http://{HOST}:{gateway_port}")

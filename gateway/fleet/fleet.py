@@ -10,6 +10,7 @@ import structlog
 
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
+from shared.keep_alive import ROUTER_KEEP_ALIVE_S
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 from ..decode import decode_body
@@ -54,7 +55,9 @@ class Fleet:
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=config.connect_timeout_s)
         # trust_env off: backends are addressed as configured, never through a proxy from the environment
         self.client = httpx.AsyncClient(
-            timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=None)
+            timeout=timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=None, keepalive_expiry=ROUTER_KEEP_ALIVE_S),
         )
         for version in self.canary.versions:
             self._export_version(version)

@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from cloud.model.loading import load_text_side
+from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
 from ..batch_runner import BatchRunner
 from ..config import GatewayConfig
@@ -55,6 +56,7 @@ def build_fleet_server(
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=int(config.shutdown_timeout_s),
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         ),
         metrics,
         batches,

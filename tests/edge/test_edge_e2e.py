@@ -23,8 +23,9 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from edge.agent import Agent, create_agent_app
+from edge.agent import Agent
 from edge.config import EdgeConfig
+from edge.server import agent_uvicorn_config
 from gateway.backend import InProcessBackend
 from gateway.chunk_store import ChunkStore
 from gateway.config import GatewayConfig
@@ -86,9 +87,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def agent_for(tls: Path, gateway_url: str, name: str, state: Path) -> tuple[Agent, uvicorn.Server, str]:
     config = EdgeConfig(gateway_url=gateway_url, tls_dir=tls, name=name, port=0, state_dir=state)
     agent = Agent(config)
-    server = uvicorn.Server(
-        uvicorn.Config(create_agent_app(agent), host="127.0.0.1", port=0, log_config=None)
-    )
+    server = uvicorn.Server(agent_uvicorn_config(agent, "127.0.0.1", 0))
     port = start(server, f"agent-{name}")
     return agent, server, f"http://127.0.0.1:{port}"
 

@@ -24,10 +24,11 @@ import uvicorn
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from edge.agent import Agent, create_agent_app
+from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.forwarder import backoff_delay
 from edge.outbox import Outbox
+from edge.server import agent_uvicorn_config
 from gateway.backend import InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.edge_server import build_edge_server
@@ -137,9 +138,7 @@ def device(cloud: Cloud, state: Path, **options: object) -> Device:
         **{**FAST, **options},  # type: ignore[arg-type]
     )
     agent = Agent(config)
-    server = uvicorn.Server(
-        uvicorn.Config(create_agent_app(agent), host="127.0.0.1", port=0, log_config=None)
-    )
+    server = uvicorn.Server(agent_uvicorn_config(agent, "127.0.0.1", 0))
     return Device(agent, server, f"http://127.0.0.1:{start(server, f'agent-{id(agent)}')}")
 
 

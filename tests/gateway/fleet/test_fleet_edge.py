@@ -17,8 +17,9 @@ import openai
 import pytest
 import uvicorn
 
-from edge.agent import Agent, create_agent_app
+from edge.agent import Agent
 from edge.config import EdgeConfig
+from edge.server import agent_uvicorn_config
 from gateway.chunk_store import ChunkStore
 from gateway.config import GatewayConfig
 from gateway.fleet.edge import build_fleet_edge_server
@@ -77,9 +78,7 @@ def edge_fleet(stubs: tuple[StubServer, StubServer], tmp_path: Path) -> Iterator
         state_dir=tmp_path / "dev1",
     )
     agent = Agent(agent_config)
-    agent_server = uvicorn.Server(
-        uvicorn.Config(create_agent_app(agent), host="127.0.0.1", port=0, log_config=None)
-    )
+    agent_server = uvicorn.Server(agent_uvicorn_config(agent, "127.0.0.1", 0))
     agent_thread = threading.Thread(target=agent_server.run, daemon=True, name="agent")
     agent_thread.start()
     _wait_started(agent_server)
