@@ -12,13 +12,12 @@ from pathlib import Path
 import uvicorn
 
 from cloud.model.loading import load_text_side
-from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
 from ..batch_runner import BatchRunner
 from ..config import GatewayConfig
 from ..logs import configure_logging
 from ..metrics import Metrics
-from ..server import DrainingServer, open_chunk_store, serve_together
+from ..server import DrainingServer, open_chunk_store, serve_together, uvicorn_config
 from .app import create_fleet_app
 from .batch import routed_executor
 from .config import FleetConfig
@@ -47,20 +46,7 @@ def build_fleet_server(
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
     batches = BatchRunner(routed_executor(fleet), config.data / "batches.sqlite")
     app = create_fleet_app(fleet, metrics, config.api_key, config.max_body_bytes, batches)
-    server = FleetServer(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=int(config.shutdown_timeout_s),
-            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
-        ),
-        metrics,
-        batches,
-    )
+    server = FleetServer(uvicorn_config(app, config), metrics, batches)
     return server, fleet
 
 
