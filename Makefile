@@ -1,18 +1,37 @@
 # Set-up is part of every target: a fresh machine needs only `make serve` or `make test`.
 PY      ?= python3
-VENV    := .venv
+VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+LOCK    := requirements/all.lock
+PIP     := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint typecheck model bench setup clean
+.PHONY: serve test lint typecheck model bench setup lock clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# Exactly the locked versions, hash-checked, and nothing else (--no-deps: the lock is complete);
+# then ctxfuse itself, editable, built with the locked setuptools.
+$(STAMP): pyproject.toml constraints.txt $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(PIP) install -q --require-hashes --no-deps -c constraints.txt -r $(LOCK)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) check
 	touch $(STAMP)
+
+# Regenerate the locks from pyproject.toml's ranges (requirements/README.md). The edge lock is
+# resolved within the full one, so a device runs the same versions as the cloud.
+LOCK_TOOL := $(VENV)-lock
+COMPILE   := $(LOCK_TOOL)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links --no-header --upgrade -c constraints.txt
+lock:
+	test -x $(LOCK_TOOL)/bin/pip-compile || ($(PY) -m venv $(LOCK_TOOL) && \
+		$(LOCK_TOOL)/bin/pip install -q pip-tools==7.6.2)
+	$(COMPILE) --extra cloud --extra edge --extra bench --extra test -o $(LOCK).tmp pyproject.toml
+	$(PY) requirements/finish_lock.py $(LOCK).tmp ctxfuse && mv $(LOCK).tmp $(LOCK)
+	$(COMPILE) --extra edge -c $(LOCK) -o requirements/edge.lock.tmp pyproject.toml
+	$(PY) requirements/finish_lock.py requirements/edge.lock.tmp ctxfuse && mv requirements/edge.lock.tmp requirements/edge.lock
 
 model: $(STAMP)
 	$(BIN)/ctxfuse models fetch
@@ -34,4 +53,4 @@ bench: model
 	$(BIN)/ctxfuse bench engine
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_TOOL) .pytest_cache .mypy_cache .ruff_cache

@@ -9,12 +9,10 @@ from pathlib import Path
 from shared import certs
 
 
-def add_certs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "certs",
-        help="certificates for the gateway's edge listener (mutual TLS): CA, server, devices, revocation",
-        description="A CA in DIR (ca.pem, ca.key, crl.pem, index.json), the gateway's server.pem/server.key "
-        "and one devices/NAME.pem/NAME.key per device. Keys are written with mode 0600.",
+def add_certs_parser(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "A CA in DIR (ca.pem, ca.key, crl.pem, index.json), the gateway's server.pem/server.key "
+        "and one devices/NAME.pem/NAME.key per device. Keys are written with mode 0600."
     )
     cmd = p.add_subparsers(dest="certs_command", required=True)
 

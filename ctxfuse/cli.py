@@ -1,196 +1,17 @@
 """`ctxfuse` command line. Each subcommand's options are its component's configuration, with
-defaults that serve a first-time user; `ctxfuse SUBCOMMAND --help` lists them all."""
+defaults that serve a first-time user; `ctxfuse SUBCOMMAND --help` lists them all.
+
+A command's parser is built only when that command runs, and its module imports its component: so
+`ctxfuse edge` and `ctxfuse certs` on a device never import the cloud side (torch, transformers,
+xgrammar), and the edge installs without it (`pip install 'ctxfuse[edge]'`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-
-from cloud.engine.config import (
-    CONTEXT_OVERFLOWS,
-    CPU_KV_CACHE_GIB,
-    DTYPES,
-    KV_DTYPES,
-    EngineConfig,
-    SparseConfig,
-)
-from cloud.model.linear import WEIGHT_QUANTS
-
-
-def add_engine_options(p: argparse.ArgumentParser) -> None:
-    d = EngineConfig()
-    g = p.add_argument_group("engine")
-    g.add_argument(
-        "--model",
-        default=None,
-        help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if missing)",
-    )
-    g.add_argument(
-        "--served-model-name",
-        default=None,
-        help="the model name clients use (default: smollm2-135m-instruct or the file's stem)",
-    )
-    g.add_argument(
-        "--dtype",
-        choices=["auto", *sorted(DTYPES)],
-        default=d.dtype,
-        help="activations, KV cache and dense weights (default auto: float32)",
-    )
-    g.add_argument(
-        "--weight-quant",
-        choices=WEIGHT_QUANTS,
-        default=d.weight_quant,
-        help=(
-            "weight format: none (dense in --dtype), int8, int4, or auto (default): the fastest kernels on "
-            "this CPU among those whose greedy output agrees with float32, timed at start"
-        ),
-    )
-    g.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="KV block size in tokens (default 16; 32 for a quantized KV cache: key scales are per block)",
-    )
-    g.add_argument(
-        "--kv-cache-memory",
-        type=float,
-        default=None,
-        help=f"KV cache budget in GiB (default {CPU_KV_CACHE_GIB} on CPU, 90%% of free memory on a GPU)",
-    )
-    g.add_argument(
-        "--kv-dtype",
-        choices=KV_DTYPES,
-        default=d.kv_dtype,
-        help="KV cache storage: auto (the run dtype), or int8 / int4 group-wise quantized (keys per channel "
-        "within a block, values per token, fp16 scales and zero points)",
-    )
-    g.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="longest prompt plus output (default: the model's context, scaled by RoPE scaling, capped by "
-        "the KV budget)",
-    )
-    g.add_argument(
-        "--rope-scaling",
-        type=_json_object,
-        default=None,
-        help='RoPE scaling overriding the model\'s, as JSON, e.g. \'{"type": "yarn", "factor": 4}\' '
-        "(types: linear, dynamic, yarn, llama3)",
-    )
-    g.add_argument(
-        "--context-overflow",
-        choices=CONTEXT_OVERFLOWS,
-        default=d.context_overflow,
-        help="a prompt longer than the context: error (default, context_length_exceeded); truncate_middle "
-        "(drop the middle of the prompt, reported in usage.prompt_tokens_details.truncated_tokens)",
-    )
-    s = d.sparse
-    g.add_argument(
-        "--attention",
-        choices=["dense", "sparse"],
-        default=d.attention,
-        help="dense (exact) or sparse: attention sinks + a recent window + the top KV blocks by key bounds "
-        "(Quest), within --sparse-budget tokens",
-    )
-    g.add_argument(
-        "--sparse-sinks", type=int, default=s.sinks, help=f"first tokens always attended ({s.sinks})"
-    )
-    g.add_argument(
-        "--sparse-window", type=int, default=s.window, help=f"recent tokens always attended ({s.window})"
-    )
-    g.add_argument(
-        "--sparse-budget", type=int, default=s.budget, help=f"tokens attended per query ({s.budget})"
-    )
-    g.add_argument(
-        "--sparse-dense-layers",
-        type=int,
-        default=s.dense_layers,
-        help=f"first layers that stay dense ({s.dense_layers})",
-    )
-    g.add_argument(
-        "--sparse-top-p",
-        type=float,
-        default=None,
-        help="keep the fewest selected blocks whose estimated attention mass reaches p (default off)",
-    )
-    g.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=d.max_num_seqs,
-        help=f"requests running at once (default {d.max_num_seqs})",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=d.max_num_batched_tokens,
-        help=f"tokens per step; bounds prefill chunks (default {d.max_num_batched_tokens})",
-    )
-    g.add_argument(
-        "--long-prefill-tokens",
-        type=_non_negative,
-        default=d.long_prefill_tokens,
-        help="while other requests wait or run, a prompt computes at most this many tokens per step, "
-        "so short prompts start and others decode alongside a long one "
-        f"(default {d.long_prefill_tokens}; 0: no cap)",
-    )
-    g.add_argument(
-        "--max-queue",
-        type=int,
-        default=d.max_waiting,
-        help=f"waiting requests before new ones are refused (default {d.max_waiting})",
-    )
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        dtype=args.dtype,
-        weight_quant=args.weight_quant,
-        block_size=args.block_size,
-        kv_cache_memory_gib=args.kv_cache_memory,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_tokens=args.long_prefill_tokens,
-        max_waiting=args.max_queue,
-        enable_prefix_caching=not args.no_prefix_caching,
-        attention=args.attention,
-        sparse=SparseConfig(
-            args.sparse_sinks,
-            args.sparse_window,
-            args.sparse_budget,
-            args.sparse_dense_layers,
-            args.sparse_top_p,
-        ),
-        kv_dtype=args.kv_dtype,
-        rope_scaling=args.rope_scaling,
-        context_overflow=args.context_overflow,
-    )
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _json_object(text: str) -> dict[str, float | str]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 
 def _cmd_models_fetch(args: argparse.Namespace) -> int:
@@ -205,6 +26,7 @@ def _cmd_models_fetch(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from cloud.engine.core import EngineCore
     from cloud.engine.request import SamplingParams
+    from ctxfuse.engine_cli import engine_config
 
     core = EngineCore(engine_config(args))
     ids = core.encode_chat([{"role": "user", "content": args.prompt}])
@@ -218,6 +40,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_bench_engine(args: argparse.Namespace) -> int:
     from cloud.bench.engine_bench import BenchOptions, run
+    from ctxfuse.engine_cli import engine_config
 
     result = run(engine_config(args), BenchOptions(quick=args.quick, reference=not args.no_reference))
     print(json.dumps(result, indent=2))
@@ -226,6 +49,7 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
 
 def _cmd_bench_agreement(args: argparse.Namespace) -> int:
     from cloud.bench.agreement import run
+    from ctxfuse.engine_cli import engine_config
 
     print(json.dumps(run(engine_config(args), max_tokens=args.max_tokens), indent=2))
     return 0
@@ -287,16 +111,8 @@ def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.Argument
     bg.set_defaults(func=_cmd_bench_gateway)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    models = sub.add_parser("models", help="manage model files").add_subparsers(
-        dest="models_command", required=True
-    )
-    f = models.add_parser(
+def _add_models(p: argparse.ArgumentParser) -> None:
+    f = p.add_subparsers(dest="models_command", required=True).add_parser(
         "fetch",
         help="fetch the default model and build the image encoder's files in the cache"
         " (CTXFUSE_HOME or ~/.cache/ctxfuse)",
@@ -304,23 +120,50 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=_cmd_models_fetch)
 
-    g = sub.add_parser("generate", help="answer one chat prompt with the engine (a quick check)")
-    g.add_argument("prompt")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    add_engine_options(g)
-    g.set_defaults(func=_cmd_generate)
 
+def _add_generate(p: argparse.ArgumentParser) -> None:
+    from ctxfuse.engine_cli import add_engine_options
+
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    add_engine_options(p)
+    p.set_defaults(func=_cmd_generate)
+
+
+def _add_serve(p: argparse.ArgumentParser) -> None:
     from ctxfuse.serve_cli import add_serve_parser
 
-    add_serve_parser(sub)
-    from ctxfuse.edge_cli import add_edge_parser
+    add_serve_parser(p)
+
+
+def _add_worker(p: argparse.ArgumentParser) -> None:
     from ctxfuse.worker_cli import add_worker_parser
 
-    add_worker_parser(sub)
-    add_edge_parser(sub)
+    add_worker_parser(p)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+
+def _add_edge(p: argparse.ArgumentParser) -> None:
+    from ctxfuse.edge_cli import add_edge_parser
+
+    add_edge_parser(p)
+
+
+def _add_certs(p: argparse.ArgumentParser) -> None:
+    from ctxfuse.certs_cli import add_certs_parser
+
+    add_certs_parser(p)
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    from cloud.bench.longctx import add_longctx_parser
+    from cloud.bench.prefill_cap import add_prefill_cap_parser
+    from cloud.bench.structured_bench import add_structured_parser
+    from ctxfuse.engine_cli import add_engine_options
+    from gateway.bench.edge.cli import add_edge_bench_parser
+    from gateway.bench.fleet_bench import add_fleet_bench_parser
+
+    bench = p.add_subparsers(dest="bench_command", required=True)
     be = bench.add_parser(
         "engine", help="engine prefill, decode, TTFT and memory, beside transformers; prints JSON"
     )
@@ -335,33 +178,90 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(ba)
     ba.set_defaults(func=_cmd_bench_agreement)
     add_bench_gateway_parser(bench)
-    from gateway.bench.fleet_bench import add_fleet_bench_parser
-
     add_fleet_bench_parser(bench)
-    from cloud.bench.longctx import add_longctx_parser
-
     add_longctx_parser(bench)
-    from cloud.bench.prefill_cap import add_prefill_cap_parser
-
     add_prefill_cap_parser(bench)
-    from cloud.bench.structured_bench import add_structured_parser
-
     add_structured_parser(bench)
-    from edge.bench.cli import add_edge_bench_parser
-
     add_edge_bench_parser(bench)
-    from ctxfuse.certs_cli import add_certs_parser
 
-    add_certs_parser(sub)
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    help: str  # its line in `ctxfuse --help`
+    extra: str  # the install extra it needs: "cloud" or "edge"
+    add: Callable[[argparse.ArgumentParser], None]  # its options; imports its component
+
+
+COMMANDS = (
+    Command("models", "fetch the default model and build the image encoder's files", "cloud", _add_models),
+    Command("generate", "answer one chat prompt with the engine (a quick check)", "cloud", _add_generate),
+    Command(
+        "serve",
+        "the OpenAI-compatible gateway with an in-process engine (default model on 127.0.0.1:8000), "
+        "or a router over workers (--backend, --fleet)",
+        "cloud",
+        _add_serve,
+    ),
+    Command(
+        "worker",
+        "an engine for a routing gateway: the OpenAI API and internal state (127.0.0.1:8001)",
+        "cloud",
+        _add_worker,
+    ),
+    Command(
+        "edge",
+        "the device agent: a local OpenAI proxy that uploads only what the cloud lacks",
+        "edge",
+        _add_edge,
+    ),
+    Command(
+        "certs",
+        "certificates for the gateway's edge listener (mutual TLS): CA, server, devices, revocation",
+        "edge",
+        _add_certs,
+    ),
+    Command("bench", "benchmarks", "cloud", _add_bench),
+)
+
+
+class MissingExtra(Exception):
+    def __init__(self, command: Command, module: str) -> None:
+        super().__init__(
+            f"`ctxfuse {command.name}` needs `pip install 'ctxfuse[{command.extra}]'` "
+            f"(the module {module!r} is not installed)"
+        )
+
+
+def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line (`commands` None), or one where only the named commands are built in
+    full and the others are only their help lines, which import nothing."""
+    parser = argparse.ArgumentParser(
+        prog="ctxfuse", description="Long-context LLM serving with an edge-cloud split."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for c in COMMANDS:
+        p = sub.add_parser(c.name, help=c.help)
+        if commands is not None and c.name not in commands:
+            continue
+        try:
+            c.add(p)
+        except ModuleNotFoundError as exc:
+            raise MissingExtra(c, exc.name or "?") from exc
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = [a for a in argv if not a.startswith("-")][:1]  # the command run (none for --help)
     try:
+        args = build_parser(named).parse_args(argv)
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except MissingExtra as exc:
+        print(f"ctxfuse: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         from shared.errors import CtxfuseError
 

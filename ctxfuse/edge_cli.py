@@ -50,7 +50,7 @@ def check_edge_listener(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_edge(args: argparse.Namespace) -> int:
-    from ctxfuse.vision_cli import ensure_vision_files, vision_options
+    from ctxfuse.vision_cli import vision_options
     from edge.config import EdgeConfig
     from edge.server import agent_server
 
@@ -67,7 +67,6 @@ def _cmd_edge(args: argparse.Namespace) -> int:
         retry_cap_s=args.retry_cap_s,
         vision=vision_options(args),
     )
-    ensure_vision_files()
     server = agent_server(config, args.log_level)
     print(
         f"ctxfuse edge: {config.name} -> {config.gateway_url}; apps use base_url=http://{config.host}:{config.port}/v1",
@@ -78,14 +77,11 @@ def _cmd_edge(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_edge_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_edge_parser(p: argparse.ArgumentParser) -> None:
     from ctxfuse.vision_cli import add_image_options
     from edge.config import EdgeConfig
 
     d = EdgeConfig(gateway_url="", tls_dir=Path(), name="")
-    p = sub.add_parser(
-        "edge", help="the device agent: a local OpenAI proxy that uploads only what the cloud lacks"
-    )
     p.add_argument("--gateway", required=True, help="the gateway's edge listener, e.g. https://gateway:8443")
     p.add_argument(
         "--tls-dir", type=Path, required=True, help="CA certificate and this device's certificate and key"

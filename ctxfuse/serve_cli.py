@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ctxfuse.cli import add_engine_options, engine_config
+from ctxfuse.engine_cli import add_engine_options, engine_config
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -101,16 +101,12 @@ def add_gateway_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     from ctxfuse.batch_cli import add_batch_options
     from ctxfuse.edge_cli import add_edge_listener_options
     from ctxfuse.fleet_cli import add_fleet_options
     from ctxfuse.vision_cli import add_image_options
 
-    sv = sub.add_parser(
-        "serve",
-        help="the OpenAI-compatible gateway with an in-process engine (default model on 127.0.0.1:8000)",
-    )
     add_gateway_options(sv)
     add_edge_listener_options(sv)
     add_batch_options(sv)

@@ -9,16 +9,11 @@ import argparse
 WORKER_PORT = 8001
 
 
-def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ctxfuse.cli import add_engine_options
+def add_worker_parser(w: argparse.ArgumentParser) -> None:
+    from ctxfuse.engine_cli import add_engine_options
     from ctxfuse.serve_cli import add_gateway_options
 
-    # "resolve": the --port below replaces the gateway's, keeping its other HTTP options
-    w = sub.add_parser(
-        "worker",
-        help=f"an engine for a routing gateway: the OpenAI API and internal state (127.0.0.1:{WORKER_PORT})",
-        conflict_handler="resolve",
-    )
+    w.conflict_handler = "resolve"  # the --port below replaces the gateway's, keeping its other HTTP options
     add_gateway_options(w)
     w.add_argument_group("worker").add_argument(
         "--port",
@@ -31,7 +26,7 @@ def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from ctxfuse.cli import engine_config
+    from ctxfuse.engine_cli import engine_config
     from ctxfuse.serve_cli import http_config
     from gateway.server import serve
 

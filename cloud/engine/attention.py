@@ -61,6 +61,20 @@ class AttentionBackend(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class BoundAttention:
+    """A backend bound to the cache and one step's metadata: the model's `StepAttention`. Each
+    layer's fresh keys and values are stored first, so decode rows read them from the cache."""
+
+    backend: AttentionBackend
+    cache: AnyKVCache
+    meta: AttentionMetadata
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.cache.write(layer, k, v, self.meta.slot_mapping)
+        return self.backend(layer, q, k, v, self.cache, self.meta)
+
+
 def attend_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

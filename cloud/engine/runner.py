@@ -10,7 +10,7 @@ import torch
 
 from cloud.model.llama import LlamaModel
 
-from .attention import AnyKVCache, AttentionBackend, AttentionMetadata, PrefillSeq
+from .attention import AnyKVCache, AttentionBackend, AttentionMetadata, BoundAttention, PrefillSeq
 from .sampler import Sampler, SampleResult
 from .scheduler import ScheduledChunk, SchedulerOutput
 
@@ -119,7 +119,8 @@ class ModelRunner:
             row += n
         index = torch.tensor(rows + [r for _, r, _ in prompt_rows], dtype=torch.long)
         self.cache.begin_step(meta.slot_mapping)
-        logits = self.model.forward(input_ids, positions, self.cache, self.attention, meta, index)
+        bound = BoundAttention(self.attention, self.cache, meta)
+        logits = self.model.forward(input_ids, positions, bound, index)
         if sampled:
             samples = self.sampler(logits[: len(sampled)], sampled)
             result.sampled = {r.request_id: res for r, res in zip(sampled, samples, strict=True)}

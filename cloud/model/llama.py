@@ -2,21 +2,30 @@
 
 One call runs a whole engine step: every scheduled request's new tokens, flattened into one
 [tokens, hidden] batch, so projections and MLPs are single matmuls; only attention looks at
-request boundaries, through the attention backend and its metadata.
+request boundaries, through the `StepAttention` the engine hands it for the step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from cloud.engine.attention import AnyKVCache, AttentionBackend, AttentionMetadata
-
 from .linear import Linear, WeightPlan
 from .rope import RotaryEmbedding
 from .weights import ModelWeights
+
+
+class StepAttention(Protocol):
+    """Attention for one step, as the engine binds it to its KV cache and the step's metadata. The
+    model only knows this seam (the model never imports the engine): each layer hands over its fresh
+    keys and values, which the engine stores in the cache, and gets the attention output back."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's) -> [tokens, heads, d]."""
+        ...
 
 
 @dataclass(slots=True)
@@ -75,9 +84,7 @@ class LlamaModel:
         self,
         input_ids: torch.Tensor,  # [tokens] int64
         positions: torch.Tensor,  # [tokens] int64
-        cache: AnyKVCache,
-        attention: AttentionBackend,
-        meta: AttentionMetadata,
+        attention: StepAttention,
         logits_rows: torch.Tensor,  # [sampled] rows of the step whose next-token logits are wanted
     ) -> torch.Tensor:
         """Run one step; returns fp32 logits [sampled, vocab]."""
@@ -92,8 +99,7 @@ class LlamaModel:
             qk = self.rope.apply(qkv[:, : c.q_size + c.kv_size].view(n, heads_qk, c.head_dim), cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
-            cache.write(i, k, v, meta.slot_mapping)
-            o = attention(i, q, k, v, cache, meta)  # [tokens, heads, head_dim]
+            o = attention(i, q, k, v)  # [tokens, heads, head_dim]
             h = h + layer.o(o.reshape(n, c.q_size))
             x = self._norm(h, layer.ffn_norm)
             gu = layer.gate_up(x)

@@ -1,21 +1,24 @@
 """`ctxfuse bench edge` in its smallest configuration: the report holds every figure, later requests
 send the document by reference only, and the table and JSON come out; with `--images`, both encoder
-precisions are timed, every image is smaller on the link than itself, and every batch completes.
-No timing is asserted."""
+precisions are timed, the numpy chunker gives its reference's boundaries, the document test and OCR
+are timed, every image is smaller on the link than itself, and every batch completes. No timing's
+value is asserted, only that each is there and a positive, finite number."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 
 import pytest
 
+from cloud.bench.structured_results import Spread
 from ctxfuse.cli import main
-from edge.bench.cli import table
-from edge.bench.images import ImageBenchOptions, ImageReport
-from edge.bench.images import run as run_images
-from edge.bench.images_cli import table as image_table
-from edge.bench.run import EdgeBenchOptions, Report, run
+from gateway.bench.edge.cli import table
+from gateway.bench.edge.images import ImageBenchOptions, ImageReport
+from gateway.bench.edge.images import run as run_images
+from gateway.bench.edge.images_cli import table as image_table
+from gateway.bench.edge.run import EdgeBenchOptions, Report, run
 
 SMALL = EdgeBenchOptions(tokens=2048, questions=3, latency_requests=10, warmup=2)
 
@@ -62,7 +65,13 @@ def test_a_document_too_small_to_chunk_is_refused_before_anything_starts(
     assert "--tokens must be at least 1024" in capsys.readouterr().err
 
 
-SMALL_IMAGES = ImageBenchOptions(image_requests=3, warmup=1, batches=2, batch_requests=2)
+SMALL_IMAGES = ImageBenchOptions(
+    image_requests=3, warmup=1, batches=2, batch_requests=2, tokens=2048, cost_repeats=2, ocr_reads=1
+)
+
+
+def _sane(s: Spread, n: int) -> bool:
+    return s.n == n and all(math.isfinite(x) and x > 0 for x in (s.p50, s.p99, s.max))
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +94,22 @@ def test_image_bench_times_both_precisions_and_images_shrink_on_the_link(image_r
     assert photo.raw_bytes > 100_000 and photo.link_bytes < 2000
 
 
+def test_image_bench_times_chunking_against_its_reference_the_document_test_and_ocr(
+    image_report: ImageReport,
+) -> None:
+    c = image_report.costs.chunking
+    assert c.agree and 1900 <= c.tokens <= 2048 and c.bytes > c.chunks > 1
+    assert _sane(c.numpy_ms, 2) and _sane(c.reference_ms, 2)
+    assert all(math.isfinite(x) and x > 0 for x in (c.numpy_mb_s, c.reference_mb_s, c.speedup))
+    tested = image_report.costs.document_test
+    assert [t.name for t in tested] == [case.name for case in image_report.link]
+    assert [t.document for t in tested] == [False, False, True]  # as the agent decided on the link
+    assert all(_sane(t.ms, 2) for t in tested)
+    ocr = image_report.costs.ocr
+    assert (ocr.width, ocr.height) == (1240, 1754) and ocr.chars > 100
+    assert math.isfinite(ocr.first_ms) and ocr.first_ms > 0 and _sane(ocr.warm_ms, 1)
+
+
 def test_image_bench_batches_all_complete_through_the_outbox(image_report: ImageReport) -> None:
     box = image_report.outbox
     assert box.completed == box.batches == 2 and box.result_lines == 2 * 2
@@ -95,8 +120,10 @@ def test_the_image_table_and_json_hold_the_figures(image_report: ImageReport) ->
     printed = image_table(image_report)
     assert "| fp32 |" in printed and "| int8 |" in printed and "image / link" in printed
     assert "accepted per second" in printed and len(image_report.aims) == 1
+    assert "| numpy |" in printed and "| per-byte reference |" in printed and "OcrReader.read" in printed
     data = json.loads(json.dumps(asdict(image_report)))
     assert data["options"]["batches"] == 2 and len(data["link"]) == 3
+    assert data["costs"]["chunking"]["agree"] is True and len(data["costs"]["document_test"]) == 3
 
 
 def test_the_image_bench_refuses_an_empty_outbox_run_before_anything_starts(

@@ -15,7 +15,7 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from edge.bench.pictures import encoded, photo, traffic_light
+from gateway.bench.edge.pictures import encoded, photo, traffic_light
 from gateway.backend import InProcessBackend
 from gateway.chunk_store import ChunkStore
 from gateway.config import GatewayConfig

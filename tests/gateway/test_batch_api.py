@@ -57,7 +57,7 @@ def test_a_batch_request_with_an_image_runs_through_the_image_pipeline(
 ) -> None:
     import base64
 
-    from edge.bench.pictures import encoded, traffic_light
+    from gateway.bench.edge.pictures import encoded, traffic_light
 
     url = "data:image/png;base64," + base64.b64encode(encoded(traffic_light())).decode()
     line = chat_line("img", max_tokens=2)

@@ -17,7 +17,7 @@ import msgspec
 import openai
 import pytest
 
-from edge.bench.pictures import crossword, encoded, photo, traffic_light
+from gateway.bench.edge.pictures import crossword, encoded, photo, traffic_light
 from edge.vision.features import VisionOptions
 from gateway.backend import InProcessBackend
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from ctxfuse.cli import add_engine_options, build_parser
+from ctxfuse.cli import build_parser
+from ctxfuse.engine_cli import add_engine_options
 from gateway.bench.worker_proc import WorkerProcess
 from shared.fleet_protocol import HASH_SCHEME, WorkerState
 

@@ -19,6 +19,7 @@ from cloud.engine.core import EngineCore
 from cloud.engine.output import RequestOutput
 from cloud.engine.request import SamplingParams
 from cloud.grammar.spec import GrammarSpec
+from cloud.model.loading import LoadedModel
 from shared.errors import InvalidRequestError
 
 CONFIG = EngineConfig(dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_model_len=1024)
@@ -160,45 +161,49 @@ def test_a_schema_that_cannot_compile_is_the_clients_error(core: EngineCore) -> 
     assert err.value.code == "invalid_schema" and "$defs" in err.value.message
 
 
-def _slow_schema() -> dict:  # type: ignore[type-arg]
-    """Compiles in a second or more here: wide objects of arrays of objects under anyOf."""
-    bounded = {"type": "integer", "minimum": -999, "maximum": 999}
-    item = {"type": "object", "properties": {f"x{i}": bounded for i in range(20)}}
-
-    def branch(b: int) -> dict:  # type: ignore[type-arg]
-        return {
-            "type": "object",
-            "properties": {f"k{j}_{b}": {"type": "array", "items": item} for j in range(20)},
-        }
-
-    return {"type": "object", "properties": {"a": {"anyOf": [branch(b) for b in range(7)]}}}
+HANG_GUARD_S = 120.0  # liveness only: how long a held step may wait before the test calls it hung
 
 
-def test_a_slow_compilation_does_not_hold_up_other_requests(loaded_model) -> None:  # type: ignore[no-untyped-def]
+def test_a_slow_compilation_does_not_hold_up_other_requests(
+    loaded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grammar's compilation is held at a gate that only the plain request's end opens, so it is
+    "slow" for exactly as long as the plain request takes: if compiling blocked the event loop, the
+    engine or other submissions, the plain request could never finish and the gate would time out."""
     engine = AsyncEngine(EngineCore(CONFIG, loaded_model))
     core = engine.core
-    compiled = threading.Event()
+    compiling = threading.Event()  # the constrained request's compilation has begun
+    release = threading.Event()  # lets that compilation go on
+    order: list[str] = []
+    real_compile = core.grammars.compile
 
-    async def slow() -> None:
-        params = SamplingParams(max_tokens=4, temperature=0, grammar=GrammarSpec.json_schema(_slow_schema()))
-        stream = await engine.open(ids_for(core, "JSON please."), params)
-        compiled.set()
-        async for _ in stream:
+    def held_compile(spec: GrammarSpec) -> xgr.CompiledGrammar:
+        compiling.set()
+        assert release.wait(HANG_GUARD_S), "the plain request never finished while a grammar compiled"
+        order.append("compilation released")
+        return real_compile(spec)
+
+    monkeypatch.setattr(core.grammars, "compile", held_compile)
+
+    async def constrained() -> None:
+        params = SamplingParams(max_tokens=4, temperature=0, grammar=GrammarSpec.json_schema(PERSON))
+        async for _ in await engine.open(ids_for(core, "JSON please."), params):
             pass
+        order.append("constrained finished")
 
-    async def plain() -> bool:
-        """Whether the whole plain request finished while the slow grammar was still compiling."""
-        await asyncio.sleep(0.05)  # let the slow request start compiling first
-        async for o in engine.generate(ids_for(core, "Say hi."), SamplingParams(max_tokens=3, temperature=0)):
-            if o.finished:
-                return not compiled.is_set()
-        return False
+    async def plain() -> None:
+        assert await asyncio.to_thread(compiling.wait, HANG_GUARD_S), "the compilation never began"
+        async for _ in engine.generate(ids_for(core, "Say hi."), SamplingParams(max_tokens=3, temperature=0)):
+            pass
+        order.append("plain finished")
+        release.set()
 
-    async def both() -> bool:
-        _, finished_first = await asyncio.gather(slow(), plain())
-        return finished_first
+    async def both() -> None:
+        await asyncio.gather(constrained(), plain())
 
     try:
-        assert asyncio.run(both())
+        asyncio.run(both())
     finally:
+        release.set()
         engine.shutdown()
+    assert order == ["plain finished", "compilation released", "constrained finished"]

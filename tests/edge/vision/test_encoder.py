@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.bench.pictures import crossword, photo, traffic_light
+from gateway.bench.edge.pictures import crossword, photo, traffic_light
 from edge.vision.encoder import ImageEncoder, dequantize_embedding, quantize_embedding
 from edge.vision.model_files import EMBED_DIM, ENCODER_NAME, FEATURE_DIM, VisionFiles, projection_matrix
 from edge.vision.preprocess import to_input

@@ -3,24 +3,22 @@ a row boundary; pages of text are told apart from photos, flat colour and colour
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from edge.vision import document
 from edge.vision.document import looks_like_document
 from edge.vision.ocr import OcrLine, OcrReader, reading_order
 
 FONT_CANDIDATES = [
     Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
-    *sorted(
-        Path(__file__)
-        .parents[3]
-        .glob(".venv/lib/python3*/site-packages/matplotlib/mpl-data/fonts/ttf/DejaVuSans.ttf")
-    ),
+    # matplotlib (the bench extra) ships the same font wherever its environment lives
+    Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf",
 ]
 
 
@@ -73,14 +71,11 @@ def reader() -> OcrReader:
 
 def test_reads_rendered_text_in_reading_order(reader: OcrReader) -> None:
     image = text_image(["Invoice total due", "Pay by Friday"], (360, 120), 24)
-    started = time.perf_counter()
-    text = reader.read(image).lower()
-    elapsed = time.perf_counter() - started  # includes loading the models on first use
-    rows = text.split("\n")
+    rows = reader.read(image).lower().split("\n")
     assert len(rows) == 2
-    assert "invoice" in rows[0] and "total" in rows[0] and "due" in rows[0]
-    assert "pay" in rows[1] and "friday" in rows[1]
-    assert elapsed < 5.0
+    # rows top to bottom, words left to right (found as substrings: the order is the point here)
+    assert -1 < rows[0].find("invoice") < rows[0].find("total") < rows[0].find("due")
+    assert -1 < rows[1].find("pay") < rows[1].find("friday")
 
 
 def test_blank_image_reads_as_empty(reader: OcrReader) -> None:
@@ -140,15 +135,30 @@ def test_a_large_black_area_is_not_text() -> None:
     assert not looks_like_document(image)
 
 
-def test_document_check_is_cheap() -> None:
-    image = page()  # 1 MP
-    looks_like_document(image)
-    runs = 20
-    started = time.perf_counter()
-    for _ in range(runs):
-        looks_like_document(image)
-    # ~1.2 ms on a 2-core runner; the bound leaves room for a loaded machine
-    assert (time.perf_counter() - started) / runs < 0.02
+@pytest.mark.parametrize("size", [(1000, 1000), (1240, 1754), (4000, 3000)])
+def test_document_check_measures_a_small_copy_whatever_the_image_size(
+    size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What keeps the check cheap, held as a count: it reads one copy of at most ANALYSIS_SIDE px a
+    # side, so its work does not grow with the image (and it never runs OCR). Its speed is a timing,
+    # measured by the edge bench, not here.
+    real = document._downscaled
+    measured: list[tuple[int, int]] = []
+
+    def recording(rgb: Image.Image) -> Image.Image:
+        small = real(rgb)
+        measured.append(small.size)
+        return small
+
+    monkeypatch.setattr(document, "_downscaled", recording)
+    monkeypatch.setattr(OcrReader, "read", _no_ocr)
+    assert looks_like_document(page(size))
+    [(width, height)] = measured
+    assert max(width, height) <= document.ANALYSIS_SIDE
+
+
+def _no_ocr(self: OcrReader, rgb: Image.Image) -> str:
+    raise AssertionError("the document check ran OCR")
 
 
 def test_one_reader_serves_several_threads(reader: OcrReader) -> None:

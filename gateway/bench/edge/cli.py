@@ -97,7 +97,8 @@ def add_edge_bench_parser(bench: argparse._SubParsersAction[argparse.ArgumentPar
         "--tokens",
         type=int,
         default=d.tokens,
-        help="document size in tokens, counted with the default model's tokenizer (default %(default)s)",
+        help="document size in tokens, counted with the default model's tokenizer; with --images, the "
+        "document whose chunking is timed (default %(default)s)",
     )
     p.add_argument(
         "--questions",

@@ -40,6 +40,39 @@ def _encoder_table(r: ImageReport) -> list[str]:
     return lines
 
 
+def _costs_table(r: ImageReport) -> list[str]:
+    c, o = r.costs.chunking, r.options
+    lines = [
+        f"## The agent's other CPU costs, in this process alone: {o.cost_repeats} timed rounds after one "
+        "untimed, side by side",
+        "",
+        f"chunking a {c.tokens:,}-token document ({c.bytes:,} bytes, {c.chunks} chunks); the numpy path "
+        f"gives the reference's boundaries: {'yes' if c.agree else 'NO'}",
+        "",
+        "| chunk_boundaries | per document p50 / p99 (ms) | MB/s at p50 |",
+        "|---|---:|---:|",
+        f"| numpy | {c.numpy_ms.p50:.2f} / {c.numpy_ms.p99:.2f} | {c.numpy_mb_s:,.1f} |",
+        f"| per-byte reference | {c.reference_ms.p50:.2f} / {c.reference_ms.p99:.2f} "
+        f"| {c.reference_mb_s:,.1f} |",
+        f"| **numpy speed-up** (reference p50 / numpy p50) | **{c.speedup:.1f}x** | |",
+        "",
+        "| looks_like_document on | document | p50 / p99 (ms) |",
+        "|---|:-:|---:|",
+    ]
+    for t in r.costs.document_test:
+        lines.append(f"| {t.name} | {'yes' if t.document else 'no'} | {t.ms.p50:.2f} / {t.ms.p99:.2f} |")
+    ocr = r.costs.ocr
+    lines += [
+        "",
+        f"| OcrReader.read, document page {ocr.width}x{ocr.height} | first read, loads the models (ms) "
+        f"| {o.ocr_reads} reads after it p50 / p99 (ms) | characters read |",
+        "|---|---:|---:|---:|",
+        f"| a fresh reader | {ocr.first_ms:,.0f} | {ocr.warm_ms.p50:,.0f} / {ocr.warm_ms.p99:,.0f} "
+        f"| {ocr.chars:,} |",
+    ]
+    return lines
+
+
 def _link_table(r: ImageReport) -> list[str]:
     lines = [
         "## Bytes on the link: one chat request with one image, through the agent",
@@ -75,7 +108,8 @@ def _outbox_table(r: ImageReport) -> list[str]:
 
 def table(r: ImageReport) -> str:
     notes = [f"aim: {a}" for a in r.aims] + [f"engine: {r.engine}", f"network: {r.network}"]
-    return "\n".join([*_encoder_table(r), "", *_link_table(r), "", *_outbox_table(r), "", *notes])
+    sections = [_encoder_table(r), _costs_table(r), _link_table(r), _outbox_table(r), notes]
+    return "\n\n".join("\n".join(s) for s in sections)
 
 
 def cmd_edge_images(args: argparse.Namespace) -> int:
@@ -87,6 +121,9 @@ def cmd_edge_images(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             batches=args.batches,
             batch_requests=args.batch_requests,
+            tokens=args.tokens,
+            cost_repeats=args.cost_repeats,
+            ocr_reads=args.ocr_reads,
             seed=args.seed,
         )
     except ValueError as exc:
@@ -98,13 +135,15 @@ def cmd_edge_images(args: argparse.Namespace) -> int:
 
 
 def add_image_options(p: argparse.ArgumentParser) -> None:
-    """The options only `--images` reads; --warmup, --seed and --out are shared with the text bench."""
+    """The options only `--images` reads; --tokens, --warmup, --seed and --out are shared with the text
+    bench."""
     d = ImageBenchOptions()
     p.add_argument(
         "--images",
         action="store_true",
-        help="measure images instead: encoder latency fp32 against INT8, bytes on the link against the "
-        f"image, and the batch outbox's throughput (JSON default {DEFAULT_OUT})",
+        help="measure images instead: encoder latency fp32 against INT8, the agent's chunking, document "
+        "test and OCR times, bytes on the link against the image, and the batch outbox's throughput "
+        f"(JSON default {DEFAULT_OUT})",
     )
     p.add_argument(
         "--image-requests",
@@ -123,4 +162,17 @@ def add_image_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=d.batch_requests,
         help="--images: chat requests in each batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--cost-repeats",
+        type=int,
+        default=d.cost_repeats,
+        help="--images: timed rounds of chunking (numpy and reference) and of the document test "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--ocr-reads",
+        type=int,
+        default=d.ocr_reads,
+        help="--images: timed OCR reads of the document page after the first (default %(default)s)",
     )

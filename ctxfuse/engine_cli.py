@@ -1,0 +1,192 @@
+"""The engine's options, shared by `serve`, `worker`, `generate` and the engine benches: the engine's
+configuration (cloud/engine/config.py) as flags. Imported only by commands that run an engine, so the
+edge's commands never import the cloud side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cloud.engine.config import (
+    CONTEXT_OVERFLOWS,
+    CPU_KV_CACHE_GIB,
+    DTYPES,
+    KV_DTYPES,
+    EngineConfig,
+    SparseConfig,
+)
+from cloud.model.linear import WEIGHT_QUANTS
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if missing)",
+    )
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: smollm2-135m-instruct or the file's stem)",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["auto", *sorted(DTYPES)],
+        default=d.dtype,
+        help="activations, KV cache and dense weights (default auto: float32)",
+    )
+    g.add_argument(
+        "--weight-quant",
+        choices=WEIGHT_QUANTS,
+        default=d.weight_quant,
+        help=(
+            "weight format: none (dense in --dtype), int8, int4, or auto (default): the fastest kernels on "
+            "this CPU among those whose greedy output agrees with float32, timed at start"
+        ),
+    )
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="KV block size in tokens (default 16; 32 for a quantized KV cache: key scales are per block)",
+    )
+    g.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        help=f"KV cache budget in GiB (default {CPU_KV_CACHE_GIB} on CPU, 90%% of free memory on a GPU)",
+    )
+    g.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default=d.kv_dtype,
+        help="KV cache storage: auto (the run dtype), or int8 / int4 group-wise quantized (keys per channel "
+        "within a block, values per token, fp16 scales and zero points)",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt plus output (default: the model's context, scaled by RoPE scaling, capped by "
+        "the KV budget)",
+    )
+    g.add_argument(
+        "--rope-scaling",
+        type=_json_object,
+        default=None,
+        help='RoPE scaling overriding the model\'s, as JSON, e.g. \'{"type": "yarn", "factor": 4}\' '
+        "(types: linear, dynamic, yarn, llama3)",
+    )
+    g.add_argument(
+        "--context-overflow",
+        choices=CONTEXT_OVERFLOWS,
+        default=d.context_overflow,
+        help="a prompt longer than the context: error (default, context_length_exceeded); truncate_middle "
+        "(drop the middle of the prompt, reported in usage.prompt_tokens_details.truncated_tokens)",
+    )
+    s = d.sparse
+    g.add_argument(
+        "--attention",
+        choices=["dense", "sparse"],
+        default=d.attention,
+        help="dense (exact) or sparse: attention sinks + a recent window + the top KV blocks by key bounds "
+        "(Quest), within --sparse-budget tokens",
+    )
+    g.add_argument(
+        "--sparse-sinks", type=int, default=s.sinks, help=f"first tokens always attended ({s.sinks})"
+    )
+    g.add_argument(
+        "--sparse-window", type=int, default=s.window, help=f"recent tokens always attended ({s.window})"
+    )
+    g.add_argument(
+        "--sparse-budget", type=int, default=s.budget, help=f"tokens attended per query ({s.budget})"
+    )
+    g.add_argument(
+        "--sparse-dense-layers",
+        type=int,
+        default=s.dense_layers,
+        help=f"first layers that stay dense ({s.dense_layers})",
+    )
+    g.add_argument(
+        "--sparse-top-p",
+        type=float,
+        default=None,
+        help="keep the fewest selected blocks whose estimated attention mass reaches p (default off)",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help=f"requests running at once (default {d.max_num_seqs})",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help=f"tokens per step; bounds prefill chunks (default {d.max_num_batched_tokens})",
+    )
+    g.add_argument(
+        "--long-prefill-tokens",
+        type=_non_negative,
+        default=d.long_prefill_tokens,
+        help="while other requests wait or run, a prompt computes at most this many tokens per step, "
+        "so short prompts start and others decode alongside a long one "
+        f"(default {d.long_prefill_tokens}; 0: no cap)",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        default=d.max_waiting,
+        help=f"waiting requests before new ones are refused (default {d.max_waiting})",
+    )
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        weight_quant=args.weight_quant,
+        block_size=args.block_size,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_tokens=args.long_prefill_tokens,
+        max_waiting=args.max_queue,
+        enable_prefix_caching=not args.no_prefix_caching,
+        attention=args.attention,
+        sparse=SparseConfig(
+            args.sparse_sinks,
+            args.sparse_window,
+            args.sparse_budget,
+            args.sparse_dense_layers,
+            args.sparse_top_p,
+        ),
+        kv_dtype=args.kv_dtype,
+        rope_scaling=args.rope_scaling,
+        context_overflow=args.context_overflow,
+    )
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, float | str]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
