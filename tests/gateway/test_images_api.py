@@ -17,9 +17,9 @@ import msgspec
 import openai
 import pytest
 
-from gateway.bench.edge.pictures import crossword, encoded, photo, traffic_light
 from edge.vision.features import VisionOptions
 from gateway.backend import InProcessBackend
+from gateway.bench.edge.pictures import crossword, encoded, photo, traffic_light
 
 from .conftest import GATEWAY, MODEL, Running, run_in_thread
 

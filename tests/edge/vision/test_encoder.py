@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from gateway.bench.edge.pictures import crossword, photo, traffic_light
 from edge.vision.encoder import ImageEncoder, dequantize_embedding, quantize_embedding
 from edge.vision.model_files import EMBED_DIM, ENCODER_NAME, FEATURE_DIM, VisionFiles, projection_matrix
 from edge.vision.preprocess import to_input
+from gateway.bench.edge.pictures import crossword, photo, traffic_light
 
 
 @pytest.fixture(scope="module")
