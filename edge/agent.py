@@ -6,6 +6,10 @@ with Retry-After, never a hang or a bare connection error.
 Batches (Files and Batch API) are accepted even while the gateway is down: they wait in the outbox
 (outbox.py) and the forwarder (forwarder.py) runs them on the gateway when the link is back.
 
+Images become features on the device when the encoder's files are there (`ctxfuse models fetch`
+builds them where the cloud extra is installed; a device may be given a copy). Without them the agent
+still serves: image parts travel as sent and the gateway turns them into features.
+
 Metrics at /metrics: ctxfuse_edge_request_bytes_total (request bytes received from apps) and
 ctxfuse_edge_upload_bytes_total (bytes sent to the gateway, after dedup and compression).
 """
@@ -18,13 +22,14 @@ from typing import Any
 
 import httpx
 import msgspec
+import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
 from litestar.response import Stream
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from shared.errors import InvalidRequestError
+from shared.errors import InvalidRequestError, ModelLoadError
 from shared.tls import client_context
 
 from . import batch_routes
@@ -39,6 +44,7 @@ from .outbox import Outbox
 from .uplink import GatewayUnreachable, Uplink
 from .vision.features import ImagePipeline
 
+log = structlog.get_logger("ctxfuse.edge")
 AnyRequest = Request[Any, Any, Any]
 _PASSED_HEADERS = ("retry-after", "x-request-id")
 
@@ -73,7 +79,10 @@ class Agent:
 
     async def start(self) -> None:
         self.forwarder.start()  # batches accepted before a restart go on from their last state
-        self.images = await asyncio.to_thread(ImagePipeline, self.config.vision)
+        try:
+            self.images = await asyncio.to_thread(ImagePipeline, self.config.vision)
+        except ModelLoadError as exc:
+            log.warning("image_features_off", reason=exc.message, images="sent to the gateway as they are")
 
     async def close(self) -> None:
         await self.forwarder.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uvicorn
 
+from shared.draining import DrainingServer
 from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
 from .agent import Agent, create_agent_app
@@ -12,7 +13,8 @@ from .config import EdgeConfig
 
 
 def agent_server(config: EdgeConfig, log_level: str = "info") -> uvicorn.Server:
-    return uvicorn.Server(agent_uvicorn_config(Agent(config), config.host, config.port, log_level))
+    """SIGTERM (systemd's stop) closes the outbox and stores cleanly and exits 0."""
+    return DrainingServer(agent_uvicorn_config(Agent(config), config.host, config.port, log_level))
 
 
 def agent_uvicorn_config(agent: Agent, host: str, port: int, log_level: str = "info") -> uvicorn.Config:

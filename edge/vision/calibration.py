@@ -11,6 +11,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 SIZE = 256
+CALIBRATION_COUNT = 48
+CALIBRATION_SEED = 7
 
 
 def _photo(rng: np.random.Generator) -> Image.Image:
@@ -65,7 +67,7 @@ def _grid(rng: np.random.Generator) -> Image.Image:
     return img
 
 
-def calibration_images(count: int = 48, seed: int = 7) -> Iterator[Image.Image]:
+def calibration_images(count: int = CALIBRATION_COUNT, seed: int = CALIBRATION_SEED) -> Iterator[Image.Image]:
     rng = np.random.default_rng(seed)
     makers = (_photo, _photo, _shapes, _page, _grid)  # photos weigh double: they are most of the traffic
     for i in range(count):

