@@ -11,44 +11,37 @@ import asyncio
 import base64
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 import httpx
 import msgspec
 import numpy as np
-from PIL import Image
 
 from cloud.bench.structured_results import Spread, say, spread
-from cloud.model.registry import fetch
-from cloud.model.tokenizer import Tokenizer
 from edge.config import EdgeConfig
 from edge.vision.document import looks_like_document
 from edge.vision.encoder import Encoded, ImageEncoder, Precision, dequantize_embedding
 from edge.vision.features import ImagePipeline, VisionOptions
 from edge.vision.model_files import ensure
-from edge.vision.ocr import OcrReader
 from gateway.bench.fake_engine import MODEL_NAME
 from shared.batch_protocol import Batch, FileObject
-from shared.chunking import chunk_boundaries, reference_boundaries
 from shared.errors import CtxfuseError
 
-from .document import document
-from .pictures import crossword, document_page, encoded, photo, traffic_light
+from .costs import CpuCosts, cpu_costs
+from .pictures import JPEG_QUALITY, crossword, encoded, link_pictures, photo, traffic_light
 from .rig import Rig, rig
 from .run import ENGINE, MAX_TOKENS, chat_body
 
 THREADS = 1  # onnxruntime intra-op threads: one small device core
 PRECISIONS: tuple[Precision, Precision] = ("fp32", "int8")
-JPEG_QUALITY = 90
+CLEAR_RATIO = 1.65  # a logit gap of 0.5 between fp32's first and second class
 AIM_PHOTO_RATIO = 50.0  # a one-megapixel photo at least this many times smaller on the link
 POLL_S, POLL_MAX_S = 0.05, 0.25  # the rig's agent looks at forwarded batches this often (EdgeConfig)
 CLIENT_POLL_S = 0.01  # how often the bench asks the agent whether its batches are done
 BATCH_TIMEOUT_S = 120.0
 _TERMINAL = ("completed", "failed", "expired", "cancelled")
-_In = TypeVar("_In")
 NETWORK = (
     "the encoder and CPU-cost timings run in this process alone, before the rig starts; link bytes "
     "and batches go over loopback: the gateway in its own process, the agent and the client in this "
@@ -64,7 +57,9 @@ class ImageBenchOptions:
     batch_requests: int = 10  # chat requests in each batch's input file
     tokens: int = 16_384  # the chunked document, as the text bench's (counted by the same tokenizer)
     cost_repeats: int = 20  # timed rounds of chunking and of the document test, after one untimed
-    ocr_reads: int = 3  # timed OCR reads of the document page after the first (which loads the models)
+    # timed OCR reads of the page after the first (which loads the models); a second or more each on
+    # a small CPU, so few
+    ocr_reads: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -91,46 +86,12 @@ class EncoderFigures:
     pipeline_speedup: float  # the same for the whole pipeline
     pictures: int  # distinct pictures the two precisions are compared on
     top1_agreement: float  # share of them given the same top label
+    # fp32 near-ties (two classes within a few percent) may flip under any rounding; a clear answer may not
+    clear_pictures: int  # those whose fp32 top-1 is at least CLEAR_RATIO times its runner-up
+    clear_top1_agreement: float  # share of those given the same top label
+    top1_in_fp32_top5: float  # share of all whose int8 top label is among fp32's top five
     cosine_mean: float  # of the dequantized embeddings, fp32 against int8
     cosine_min: float
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkingFigures:
-    tokens: int  # the bench's document (document.py)
-    bytes: int  # its UTF-8
-    chunks: int
-    agree: bool  # chunk_boundaries gave the reference's boundaries
-    numpy_ms: Spread  # shared.chunking.chunk_boundaries of the whole document
-    reference_ms: Spread  # reference_boundaries, the per-byte loop, on the same bytes
-    numpy_mb_s: float  # bytes / p50, in 1e6 bytes per second
-    reference_mb_s: float
-    speedup: float  # reference p50 / numpy p50
-
-
-@dataclass(frozen=True, slots=True)
-class DocumentTestTime:
-    name: str  # one of the pictures sent over the link (_cases)
-    width: int
-    height: int
-    document: bool  # what looks_like_document said
-    ms: Spread  # edge.vision.document.looks_like_document of the decoded RGB image
-
-
-@dataclass(frozen=True, slots=True)
-class OcrFigures:
-    width: int  # the document page
-    height: int
-    first_ms: float  # a fresh OcrReader's first read: loads the detector and recogniser, then reads
-    warm_ms: Spread  # the reads after it
-    chars: int  # of the text read (the same every read)
-
-
-@dataclass(frozen=True, slots=True)
-class CpuCosts:
-    chunking: ChunkingFigures
-    document_test: list[DocumentTestTime]  # photo, drawing, page
-    ocr: OcrFigures
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +168,11 @@ def _cosine(a: Encoded, b: Encoded) -> float:
     return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
 
 
+def _agreement(pairs: list[tuple[Encoded, Encoded]]) -> float:
+    """Share of (fp32, int8) pairs with the same top label (1.0 for none)."""
+    return sum(a.labels[0].label == b.labels[0].label for a, b in pairs) / len(pairs) if pairs else 1.0
+
+
 def _encoder(opts: ImageBenchOptions) -> EncoderFigures:
     small = [traffic_light(), crossword(), *(photo(224, 224, opts.seed + k) for k in range(4))]
     photos = [photo(1000, 1000, opts.seed + k) for k in range(4)]
@@ -236,112 +202,31 @@ def _encoder(opts: ImageBenchOptions) -> EncoderFigures:
     ]
     fp32, int8 = times
     cosines = [_cosine(a, b) for a, b in pairs]
+    clear = [(a, b) for a, b in pairs if a.labels[0].prob >= CLEAR_RATIO * a.labels[1].prob]
     return EncoderFigures(
         threads=THREADS,
         times=times,
         encoder_speedup=fp32.encoder_ms.p50 / int8.encoder_ms.p50,
         pipeline_speedup=fp32.pipeline_ms.p50 / int8.pipeline_ms.p50,
         pictures=len(pairs),
-        top1_agreement=sum(a.labels[0].label == b.labels[0].label for a, b in pairs) / len(pairs),
+        top1_agreement=_agreement(pairs),
+        clear_pictures=len(clear),
+        clear_top1_agreement=_agreement(clear),
+        top1_in_fp32_top5=sum(b.labels[0].label in {x.label for x in a.labels} for a, b in pairs)
+        / len(pairs),
         cosine_mean=sum(cosines) / len(cosines),
         cosine_min=min(cosines),
     )
 
 
-# --- 2. the agent's other CPU costs: chunking, the document test, OCR -------------------------------
-
-
-def _timed(fn: Callable[[_In], object], arg: _In) -> float:
-    """Seconds of one fn(arg)."""
-    start = time.perf_counter()
-    fn(arg)
-    return time.perf_counter() - start
-
-
-def _chunking(data: bytes, tokens: int, repeats: int) -> ChunkingFigures:
-    """The numpy fast path and its per-byte reference in turn (which goes first alternating), one
-    untimed round first."""
-    paths: dict[str, Callable[[bytes], list[int]]] = {
-        "numpy": chunk_boundaries,
-        "reference": reference_boundaries,
-    }
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    gc.collect()
-    for i in range(1 + repeats):
-        for name in paths if i % 2 == 0 else list(paths)[::-1]:
-            elapsed = _timed(paths[name], data)
-            if i > 0:
-                times[name].append(elapsed)
-    cuts = chunk_boundaries(data)
-    fast, ref = spread(times["numpy"], 1e3), spread(times["reference"], 1e3)
-    return ChunkingFigures(
-        tokens=tokens,
-        bytes=len(data),
-        chunks=len(cuts),
-        agree=cuts == reference_boundaries(data),
-        numpy_ms=fast,
-        reference_ms=ref,
-        numpy_mb_s=len(data) / fast.p50 / 1e3,  # bytes per ms / 1e3 = 1e6 bytes per second
-        reference_mb_s=len(data) / ref.p50 / 1e3,
-        speedup=ref.p50 / fast.p50,
-    )
-
-
-def _document_test(repeats: int, seed: int) -> list[DocumentTestTime]:
-    """looks_like_document on each picture of the link cases, picture by picture in turn."""
-    cases = _cases(seed)
-    times: list[list[float]] = [[] for _ in cases]
-    gc.collect()
-    for i in range(1 + repeats):
-        for k, (_, img, _, _) in enumerate(cases):
-            elapsed = _timed(looks_like_document, img)
-            if i > 0:
-                times[k].append(elapsed)
-    return [
-        DocumentTestTime(name, *img.size, looks_like_document(img), spread(t, 1e3))
-        for (name, img, _, _), t in zip(cases, times, strict=True)
-    ]
-
-
-def _ocr(reads: int, seed: int) -> OcrFigures:
-    page = document_page(seed=seed)
-    reader = OcrReader()  # as the agent's pipeline makes it
-    gc.collect()
-    first = _timed(reader.read, page)
-    warm = [_timed(reader.read, page) for _ in range(reads)]
-    chars = len(reader.read(page))  # untimed
-    return OcrFigures(*page.size, first_ms=first * 1e3, warm_ms=spread(warm, 1e3), chars=chars)
-
-
-def _costs(opts: ImageBenchOptions) -> CpuCosts:
-    say("chunking: counting the document's tokens with the default model's tokenizer ...")
-    tokenizer = Tokenizer.from_gguf(fetch(quiet=True))
-    doc = document(tokenizer, opts.tokens, opts.seed)
-    data = doc.encode("utf-8")
-    say(f"chunking: {opts.cost_repeats} rounds of numpy and reference on {len(data):,} bytes ...")
-    chunking = _chunking(data, len(tokenizer.encode(doc)), opts.cost_repeats)
-    say(f"document test: {opts.cost_repeats} rounds over a photo, a drawing and a page ...")
-    tested = _document_test(opts.cost_repeats, opts.seed)
-    say(f"OCR: the document page, a first read (loads the models) and {opts.ocr_reads} more ...")
-    return CpuCosts(chunking, tested, _ocr(opts.ocr_reads, opts.seed))
-
-
-# --- 3. bytes on the link ----------------------------------------------------------------------------
-
-
-def _cases(seed: int) -> list[tuple[str, Image.Image, str, dict[str, object]]]:
-    return [
-        ("1-megapixel photo, JPEG q90", photo(1000, 1000, seed), "JPEG", {"quality": JPEG_QUALITY}),
-        ("640x480 drawing, PNG", traffic_light(480).resize((640, 480)), "PNG", {}),
-        ("document page 1240x1754, PNG", document_page(seed=seed), "PNG", {}),
-    ]
+# --- 2. bytes on the link (the agent's other CPU costs are in costs.py) -----------------------------------
 
 
 def _link(r: Rig, client: httpx.Client, seed: int) -> list[ImageBytes]:
     if r.agent.images is None:  # loaded by the agent app's startup; without it images travel whole
         raise CtxfuseError("the rig's agent started without its image pipeline")
     out = []
-    for name, img, fmt, kw in _cases(seed):
+    for name, img, fmt, kw in link_pictures(seed):
         data = encoded(img, fmt, **kw)
         body = image_body(data, fmt)
         before = r.agent.uplink.uploaded_bytes
@@ -461,7 +346,7 @@ def run(opts: ImageBenchOptions) -> ImageReport:
     n = opts.warmup + opts.image_requests
     say(f"encoder: {n} images per precision and case ({opts.warmup} warm-up), {THREADS} thread ...")
     enc = _encoder(opts)
-    costs = _costs(opts)
+    costs = cpu_costs(opts.tokens, opts.cost_repeats, opts.ocr_reads, opts.seed)
     say("starting the rig (the agent loads its image pipeline) ...")
     with rig(_fast_polls) as r, httpx.Client(timeout=120) as client:
         say("bytes: a photo, a drawing and a document page (OCR) through the agent ...")

@@ -34,7 +34,9 @@ def _encoder_table(r: ImageReport) -> list[str]:
         f"| **int8 speed-up** (fp32 p50 / int8 p50) | **{e.encoder_speedup:.2f}x** "
         f"| **{e.pipeline_speedup:.2f}x** |",
         "",
-        f"fp32 against int8 over {e.pictures} pictures: same top-1 label on {e.top1_agreement:.0%}; "
+        f"fp32 against int8 over {e.pictures} pictures: same top-1 label on {e.top1_agreement:.0%} "
+        f"({e.clear_top1_agreement:.0%} of the {e.clear_pictures} with a clear fp32 answer; int8's top-1 in "
+        f"fp32's top 5 on {e.top1_in_fp32_top5:.0%}); "
         f"embedding cosine mean {e.cosine_mean:.4f}, least {e.cosine_min:.4f}",
     ]
     return lines

@@ -93,3 +93,15 @@ def encoded(img: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
     return buf.getvalue()
+
+
+JPEG_QUALITY = 90  # a camera's JPEG
+
+
+def link_pictures(seed: int) -> list[tuple[str, Image.Image, str, dict[str, object]]]:
+    """The pictures the bench sends over the link: name, image, format and its save options."""
+    return [
+        ("1-megapixel photo, JPEG q90", photo(1000, 1000, seed), "JPEG", {"quality": JPEG_QUALITY}),
+        ("640x480 drawing, PNG", traffic_light(480).resize((640, 480)), "PNG", {}),
+        ("document page 1240x1754, PNG", document_page(seed=seed), "PNG", {}),
+    ]
