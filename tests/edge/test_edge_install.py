@@ -76,6 +76,14 @@ def test_the_edge_environment_holds_no_cloud_side(edge_env: Path) -> None:
     run(edge_env / "bin" / "python", "-m", "pip", "check", "--disable-pip-version-check")
 
 
+def test_a_cloud_command_on_the_edge_says_which_extra_it_needs(edge_env: Path) -> None:
+    proc = subprocess.run(
+        [edge_env / "bin" / "ctxfuse", "serve"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2
+    assert "needs `pip install 'ctxfuse[cloud]'`" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @dataclass
 class EdgeRun:
     url: str
