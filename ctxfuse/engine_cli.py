@@ -8,6 +8,7 @@ import argparse
 import json
 
 from cloud.engine.config import (
+    ATTENTION_KERNELS,
     CONTEXT_OVERFLOWS,
     CPU_KV_CACHE_GIB,
     DTYPES,
@@ -32,10 +33,33 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="the model name clients use (default: smollm2-135m-instruct or the file's stem)",
     )
     g.add_argument(
+        "--device",
+        default=d.device,
+        help="auto (default: the first CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="the share of the GPU the engine takes: weights, the profiled activation peak of the largest "
+        f"step, and the KV cache in the rest (default {d.gpu_memory_utilization})",
+    )
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="on a GPU, run decode steps eagerly instead of replaying captured CUDA graphs",
+    )
+    g.add_argument(
+        "--attention-kernels",
+        choices=ATTENTION_KERNELS,
+        default=d.attention_kernels,
+        help="auto (default: Triton kernels on a GPU, PyTorch on a CPU), torch, or triton",
+    )
+    g.add_argument(
         "--dtype",
         choices=["auto", *sorted(DTYPES)],
         default=d.dtype,
-        help="activations, KV cache and dense weights (default auto: float32)",
+        help="activations, KV cache and dense weights (default auto: bfloat16 on a GPU, float32 on a CPU)",
     )
     g.add_argument(
         "--weight-quant",
@@ -56,14 +80,15 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "--kv-cache-memory",
         type=float,
         default=None,
-        help=f"KV cache budget in GiB (default {CPU_KV_CACHE_GIB} on CPU, 90%% of free memory on a GPU)",
+        help=f"KV cache budget in GiB (default {CPU_KV_CACHE_GIB} on CPU; on a GPU what "
+        "--gpu-memory-utilization leaves after the weights and a profiled step)",
     )
     g.add_argument(
         "--kv-dtype",
         choices=KV_DTYPES,
         default=d.kv_dtype,
-        help="KV cache storage: auto (the run dtype), or int8 / int4 group-wise quantized (keys per channel "
-        "within a block, values per token, fp16 scales and zero points)",
+        help="KV cache storage: auto (the run dtype), int8 / int4 group-wise quantized (keys per channel "
+        "within a block, values per token, fp16 scales and zero points), or fp8 (e4m3, per-head scales)",
     )
     g.add_argument(
         "--max-model-len",
@@ -148,6 +173,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         served_model_name=args.served_model_name,
+        device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        attention_kernels=args.attention_kernels,
         dtype=args.dtype,
         weight_quant=args.weight_quant,
         block_size=args.block_size,

@@ -6,6 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton kernels run under the interpreter where there is no GPU (set before any kernel is defined);
+# on a GPU machine they compile for the device, unless the caller set the variable itself
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cloud.model.registry import fetch
 

@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -28,8 +29,7 @@ from .structured_schemas import DECODE_SCHEMA, SCHEMAS
 
 if TYPE_CHECKING:  # the engine (and xgrammar) load only when the benchmark runs, not for --help
     from cloud.engine.core import EngineCore
-    from cloud.engine.grammar_mask import GrammarMasks
-    from cloud.engine.request import Request
+    from cloud.engine.grammar_mask import Constrained, GrammarMasks
     from cloud.model.loading import LoadedModel
 
 from .structured_results import (
@@ -61,14 +61,16 @@ class _MaskTimer:
         self.calls: list[tuple[float, int]] = []
         self.accepts: list[float] = []
 
-    def _timed_apply(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, list[int]]:
+    def _timed_apply(
+        self, logits: torch.Tensor, requests: Sequence[Constrained]
+    ) -> tuple[torch.Tensor, list[int]]:
         t = time.perf_counter()
         masked, rows = self._apply(logits, requests)
         if self.on and rows:
             self.calls.append((time.perf_counter() - t, len(rows)))
         return masked, rows
 
-    def _timed_accept(self, req: Request, token_id: int) -> bool:
+    def _timed_accept(self, req: Constrained, token_id: int) -> bool:
         t = time.perf_counter()
         ok = self._accept(req, token_id)
         if self.on:

@@ -45,6 +45,13 @@ class AttentionMetadata:
     decode_lens: torch.Tensor | None = None  # [num_decode] context length, the new token included
     decode_shift: torch.Tensor | None = None  # [num_decode] sliding window: tokens dropped (0: none)
     sink_tokens: int = 0  # sliding window: the leading tokens kept as attention sinks
+    max_decode_len: int = 0  # the longest decode context (host-side: kernels size their grids by it)
+    # all prefill chunks at once, for a varlen kernel: [s + 1] row offsets, [s] cached tokens before
+    # each, [s, blocks] tables, and the longest chunk (host-side)
+    prefill_cu_q: torch.Tensor | None = None
+    prefill_start: torch.Tensor | None = None
+    prefill_tables: torch.Tensor | None = None
+    max_prefill_len: int = 0
 
 
 class AttentionBackend(Protocol):

@@ -9,6 +9,8 @@ import torch
 
 from cloud.model.linear import WeightQuant
 
+from .device import default_dtype, resolve_device
+
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -16,11 +18,14 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 AttentionKind = Literal["dense", "sparse"]
-KVDType = Literal["auto", "int8", "int4"]
-KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4")
+KVDType = Literal["auto", "int8", "int4", "fp8"]
+KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4", "fp8")
+AttentionKernels = Literal["auto", "torch", "triton"]
+ATTENTION_KERNELS: tuple[AttentionKernels, ...] = ("auto", "torch", "triton")
 ContextOverflow = Literal["error", "truncate_middle", "sliding_window"]
 CONTEXT_OVERFLOWS: tuple[ContextOverflow, ...] = ("error", "truncate_middle", "sliding_window")
 CPU_KV_CACHE_GIB = 2.0  # the KV budget on CPU when none is given (on a GPU: a share of free memory)
+GPU_MEMORY_UTILIZATION = 0.9  # the share of a GPU's memory the engine may take (vLLM's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +46,14 @@ LONG_PREFILL_TOKENS = 256  # the default cap; 12x faster first tokens for short 
 class EngineConfig:
     model: str | None = None  # a .gguf file or a Hugging Face directory; None: the default model
     served_model_name: str | None = None
-    dtype: DType = "auto"  # activations, KV cache and norms; auto: float32
+    device: str = "auto"  # auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda, cuda:N
+    dtype: DType = "auto"  # activations, KV cache and norms; auto: bfloat16 on a GPU, float32 on a CPU
     weight_quant: WeightQuant = "auto"  # auto: the fastest kernels on this machine, timed at start
     block_size: int | None = None  # None: 16, or 32 for a quantized KV cache (its key scales are per block)
-    kv_cache_memory_gib: float | None = None  # KV budget; None: 2 GiB on CPU, 90% of free memory on a GPU
+    kv_cache_memory_gib: float | None = None  # KV budget; None: 2 GiB on CPU, planned on a GPU
+    # a GPU's share the engine takes: weights, the profiled peak activations and the KV cache
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    enforce_eager: bool = False  # no CUDA graphs for decode steps
     max_model_len: int | None = None  # default: the model's (scaled) context, capped by the KV budget
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -55,15 +64,22 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0  # for requests without a seed: makes a whole run reproducible
     attention: AttentionKind = "dense"
+    # auto: Triton kernels on a GPU, PyTorch on a CPU; triton on a CPU needs TRITON_INTERPRET=1 (tests)
+    attention_kernels: AttentionKernels = "auto"
     sparse: SparseConfig = SparseConfig()
-    kv_dtype: KVDType = "auto"  # auto: the run dtype; int8 / int4: group-wise quantized (KIVI layout)
+    # auto: the run dtype; int8 / int4: group-wise quantized (KIVI layout); fp8: e4m3 with per-head scales
+    kv_dtype: KVDType = "auto"
     # overrides the model's RoPE scaling, e.g. {"type": "yarn", "factor": 4}
     rope_scaling: dict[str, float | str] | None = None
     context_overflow: ContextOverflow = "error"
 
     @property
+    def torch_device(self) -> torch.device:
+        return resolve_device(self.device)
+
+    @property
     def run_dtype(self) -> str:
-        return "float32" if self.dtype == "auto" else self.dtype
+        return default_dtype(self.torch_device) if self.dtype == "auto" else self.dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -73,4 +89,4 @@ class EngineConfig:
     def kv_block_size(self) -> int:
         if self.block_size is not None:
             return self.block_size
-        return 16 if self.kv_dtype == "auto" else 32
+        return 16 if self.kv_dtype in ("auto", "fp8") else 32

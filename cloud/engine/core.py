@@ -9,15 +9,17 @@ requests it carried; the core keeps serving.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from xgrammar import CompiledGrammar
 
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.model.chat_template import ChatTemplate
-from cloud.model.linear import plan_weights
+from cloud.model.linear import WeightPlan, plan_weights
 from cloud.model.llama import LlamaModel
 from cloud.model.loading import LoadedModel, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
@@ -28,9 +30,12 @@ from .attention import AttentionBackend, DenseAttention
 from .block_events import BlockEventLog
 from .block_pool import BlockPool
 from .config import EngineConfig
+from .cuda_graphs import CudaGraphs, eligible
+from .kv_cache import KVCache
 from .memory import make_kv_cache, plan_kv
 from .output import RequestOutput, TextState, make_output
 from .overflow import OverflowPolicy
+from .profile import profile_run
 from .prompt import render_chat_prompt
 from .request import ChatPrompt, FinishReason, ImageSpan, Request, SamplingParams
 from .runner import ModelRunner
@@ -63,6 +68,18 @@ class EngineStats:
     grammar_cache_misses: int = 0  # grammars compiled
 
 
+def use_triton(kernels: str, device: torch.device) -> bool:
+    """Whether attention runs the Triton kernels: on a GPU by default; on a CPU only when asked and
+    under the interpreter (slow: for tests)."""
+    if kernels == "torch" or (kernels == "auto" and device.type != "cuda"):
+        return False
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InvalidRequestError(
+            "--attention-kernels triton needs a CUDA GPU (or TRITON_INTERPRET=1 on a CPU, for tests)"
+        )
+    return True
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
@@ -76,13 +93,25 @@ class EngineCore:
         self.chat_template: ChatTemplate = loaded.chat_template
         c = self.model_config
         dtype = config.torch_dtype
-        self.kv_plan = plan_kv(config, c, scaled_context(c))
+        self.device = device = config.torch_device
+        self.weight_plan = self._weight_plan(device)
+        if device.type == "cuda":  # the KV budget is what the weights and the largest step leave
+            context = config.max_model_len or scaled_context(c)
+            self.model = LlamaModel(
+                weights, dtype=dtype, plan=self.weight_plan, max_positions=context, device=device
+            )
+            gpu = None
+            if config.kv_cache_memory_gib is None:
+                gpu = profile_run(self.model, config.max_num_batched_tokens, config.max_num_seqs)
+            self.kv_plan = plan_kv(config, c, scaled_context(c), device, gpu)
+            self.model.resize_rope(self.kv_plan.max_model_len)
+        else:
+            self.kv_plan = plan_kv(config, c, scaled_context(c))
+            self.model = LlamaModel(
+                weights, dtype=dtype, plan=self.weight_plan, max_positions=self.kv_plan.max_model_len
+            )
         self.max_model_len = self.kv_plan.max_model_len
         self.kv_bytes_per_token = self.kv_plan.bytes_per_token
-        self.weight_plan = plan_weights(
-            config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
-        )
-        self.model = LlamaModel(weights, dtype=dtype, plan=self.weight_plan, max_positions=self.max_model_len)
         # the prefix cache's history, for a router that wants to know what this engine holds
         self.block_events = BlockEventLog()
         self.pool = BlockPool(self.kv_plan.num_blocks, config.enable_prefix_caching, self.block_events)
@@ -108,26 +137,75 @@ class EngineCore:
             bs,
         )
         self.cache = make_kv_cache(
-            self.kv_plan, c, dtype, lambda b: self.pool.blocks[b].ref_count == 0, config.max_num_seqs
+            self.kv_plan,
+            c,
+            dtype,
+            lambda b: self.pool.blocks[b].ref_count == 0,
+            config.max_num_seqs,
+            device,
+            spare_blocks=1 if device.type == "cuda" else 0,
         )
         self.sampler = Sampler()
         self.grammars = GrammarCompiler(self.tokenizer, c.vocab_size)
         self.runner = ModelRunner(
-            self.model, self.cache, self._attention(), self.sampler, self.overflow.sink_blocks
+            self.model,
+            self.cache,
+            self._attention(),
+            self.sampler,
+            self.overflow.sink_blocks,
+            config.max_num_seqs,
+            self.max_model_len,
         )
+        self.graphs_off = self._capture_graphs()  # why decode steps run eagerly (None: graphs)
         self._choices: dict[str, _Choice] = {}
         self._children: dict[str, list[str]] = {}
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
+
+    def _weight_plan(self, device: torch.device) -> WeightPlan:
+        config, c = self.config, self.model_config
+        if device.type != "cpu":  # int8 / int4 weights are CPU kernels; a GPU runs dense weights
+            if config.weight_quant in ("int8", "int4"):
+                raise InvalidRequestError(
+                    f"--weight-quant {config.weight_quant} uses CPU kernels; on {device} use none or auto"
+                )
+            return WeightPlan.single(config.run_dtype)  # type: ignore[arg-type]
+        return plan_weights(
+            config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
+        )
+
+    def _capture_graphs(self) -> str | None:
+        triton = use_triton(self.config.attention_kernels, self.device)
+        cache = self.cache
+        why = eligible(self.device, self.config.enforce_eager, cache, triton)
+        if why is not None or not isinstance(cache, KVCache):
+            return why
+        spare_slot = self.kv_plan.num_blocks * self.kv_plan.block_size
+        graphs = CudaGraphs(
+            self.model,
+            cache,
+            self.runner.attention,
+            self.config.max_num_seqs,
+            self.runner.batch.max_blocks,
+            spare_slot,
+        )
+        graphs.capture()
+        self.runner.graphs = graphs
+        return None
 
     # -- submission -------------------------------------------------------------------------
 
     def _attention(self) -> AttentionBackend:
         c = self.model_config
         dense = DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim, self.model.rope)
+        backend: DenseAttention | SparseAttention = dense
         if self.config.attention == "sparse":
-            return SparseAttention(dense, self.config.sparse, self.kv_plan.block_size)
-        return dense
+            backend = SparseAttention(dense, self.config.sparse, self.kv_plan.block_size)
+        if not use_triton(self.config.attention_kernels, self.device):
+            return backend
+        from .triton_attention import TritonAttention  # defines kernels: only where they can run
+
+        return TritonAttention(backend)
 
     def encode_chat(
         self,

@@ -7,11 +7,22 @@ output tokens (they are recomputed, not resampled), so the matcher survives it u
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import numpy as np
 import torch
 import xgrammar as xgr
 
-from .request import Request
+
+class Constrained(Protocol):
+    """What the masks need of a request: its id and its compiled grammar (None: unconstrained)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def grammar(self) -> xgr.CompiledGrammar | None: ...
 
 
 class GrammarMasks:
@@ -21,7 +32,7 @@ class GrammarMasks:
         self._buffer: torch.Tensor | None = None
         self._vocab = 0
 
-    def _matcher(self, req: Request) -> xgr.GrammarMatcher:
+    def _matcher(self, req: Constrained) -> xgr.GrammarMatcher:
         m = self._matchers.get(req.request_id)
         if m is None:
             if req.grammar is None:
@@ -29,7 +40,7 @@ class GrammarMasks:
             m = self._matchers[req.request_id] = xgr.GrammarMatcher(req.grammar)
         return m
 
-    def apply(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, list[int]]:
+    def apply(self, logits: torch.Tensor, requests: Sequence[Constrained]) -> tuple[torch.Tensor, list[int]]:
         """The logits with the tokens each constrained request's grammar forbids at -inf, and the
         constrained rows. logits: [len(requests), vocab] fp32 (an inference tensor: not changed)."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
@@ -40,10 +51,10 @@ class GrammarMasks:
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
         allowed = allowed_tokens(bitmask, logits.shape[-1])  # [len(rows), vocab] bool
         if len(rows) == len(requests):
-            return torch.where(allowed, logits, float("-inf")), rows
-        index = torch.tensor(rows)
+            return torch.where(allowed.to(logits.device), logits, float("-inf")), rows
+        index = torch.tensor(rows, device=logits.device)
         masked = logits.clone()
-        masked[index] = torch.where(allowed, logits[index], float("-inf"))
+        masked[index] = torch.where(allowed.to(logits.device), logits[index], float("-inf"))
         return masked, rows
 
     def _bitmask(self, rows: int, vocab: int) -> torch.Tensor:
@@ -53,7 +64,7 @@ class GrammarMasks:
             self._vocab = vocab
         return self._buffer[:rows]
 
-    def accept(self, req: Request, token_id: int) -> bool:
+    def accept(self, req: Constrained, token_id: int) -> bool:
         """Advance the request's grammar by its sampled token; False if the grammar refuses it (the
         mask was applied, so only a bug or an all-forbidden row gets here)."""
         return bool(self._matcher(req).accept_token(token_id))

@@ -30,10 +30,18 @@ class StepSlots:
 
 
 class KeySummaries:
-    def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
         shape = (num_kv_heads, num_blocks, head_dim)
-        self.kmin = [torch.full(shape, torch.inf, dtype=torch.float16) for _ in range(num_layers)]
-        self.kmax = [torch.full(shape, -torch.inf, dtype=torch.float16) for _ in range(num_layers)]
+        f16 = torch.float16
+        self.kmin = [torch.full(shape, torch.inf, dtype=f16, device=device) for _ in range(num_layers)]
+        self.kmax = [torch.full(shape, -torch.inf, dtype=f16, device=device) for _ in range(num_layers)]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int) -> float:

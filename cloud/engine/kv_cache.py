@@ -25,19 +25,35 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         track_summaries: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
+        self.device = torch.device(device)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         slots = num_blocks * block_size
-        self.k = [torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype) for _ in range(num_layers)]
+        store = self.storage_dtype(dtype)
+        shape = (num_kv_heads, slots, head_dim)
+        self.k = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(num_layers)]
         self.summaries = (
-            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim) if track_summaries else None
+            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim, self.device)
+            if track_summaries
+            else None
         )
         self._step: StepSlots | None = None
+
+    @staticmethod
+    def storage_dtype(dtype: torch.dtype) -> torch.dtype:
+        """What a slot holds (Fp8KVCache stores codes instead)."""
+        return dtype
+
+    def blocks_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of a layer as [kv_heads, num_blocks, block_size, d] views (what kernels read)."""
+        h, d, bs = self.num_kv_heads, self.head_dim, self.block_size
+        return self.k[layer].view(h, self.num_blocks, bs, d), self.v[layer].view(h, self.num_blocks, bs, d)
 
     @staticmethod
     def bytes_per_token(
@@ -53,11 +69,11 @@ class KVCache:
             size += KeySummaries.bytes_per_token(num_layers, num_kv_heads, head_dim, block_size)
         return float(size)
 
-    def begin_step(self, slot_mapping: torch.Tensor) -> None:
+    def begin_step(self, slot_mapping: torch.Tensor, device_slots: torch.Tensor | None = None) -> None:
         """Called once per step before the layers write: where the step's tokens go (only the key
-        summaries need it)."""
+        summaries need it). device_slots: the same slots on the cache's device, as `write` gets them."""
         if self.summaries is not None:
-            self._step = StepSlots.of(slot_mapping, self.block_size)
+            self._step = StepSlots.of(slot_mapping if device_slots is None else device_slots, self.block_size)
 
     def _slots(self, slot_mapping: torch.Tensor) -> StepSlots:
         step = self._step
@@ -67,10 +83,18 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
-        self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
-        self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
+        self.k[layer].index_copy_(1, slot_mapping, self.encode(layer, k, 0).transpose(0, 1))
+        self.v[layer].index_copy_(1, slot_mapping, self.encode(layer, v, 1).transpose(0, 1))
         if self.summaries is not None:
             self.summaries.update(layer, k, self._slots(slot_mapping))
+
+    def encode(self, layer: int, x: torch.Tensor, which: int) -> torch.Tensor:
+        """x: [tokens, kv_heads, d] as stored (which: 0 keys, 1 values); the identity here."""
+        return x
+
+    def decode(self, layer: int, x: torch.Tensor, which: int, head_axis: int) -> torch.Tensor:
+        """Stored slots back to the run dtype (x's KV heads on `head_axis`); the identity here."""
+        return x
 
     def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per block key min and max: [kv_heads, num_blocks, d] fp16 each."""
@@ -88,10 +112,11 @@ class KVCache:
         if blocks.dim() == 1 and _consecutive(blocks):
             # blocks allocated in one go from a fresh pool lie side by side: a view, no copy
             lo, hi = int(blocks[0]) * bs, (int(blocks[-1]) + 1) * bs
-            return k_all[:, lo:hi], v_all[:, lo:hi]
+            return self.decode(layer, k_all[:, lo:hi], 0, 0), self.decode(layer, v_all[:, lo:hi], 1, 0)
         flat = blocks.reshape(-1)
         k = k_all.view(h, self.num_blocks, bs, d).index_select(1, flat)  # [h, nb_total, bs, d]
         v = v_all.view(h, self.num_blocks, bs, d).index_select(1, flat)
+        k, v = self.decode(layer, k, 0, 0), self.decode(layer, v, 1, 0)
         return as_context(k, blocks), as_context(v, blocks)
 
     def gather_per_head(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +126,7 @@ class KVCache:
         heads = head_index(blocks)
         k = self.k[layer].view(h, self.num_blocks, bs, d)[heads, blocks]  # [..., h, n, bs, d]
         v = self.v[layer].view(h, self.num_blocks, bs, d)[heads, blocks]
+        k, v = self.decode(layer, k, 0, -4), self.decode(layer, v, 1, -4)
         return k.flatten(-3, -2), v.flatten(-3, -2)
 
 

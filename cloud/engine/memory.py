@@ -1,10 +1,15 @@
 """Memory planning: how many KV blocks the budget holds and the longest context that follows.
 
-The budget is `--kv-cache-memory` when given, else 90% of the free memory of a GPU (measured after
-the weights are loaded), else 2 GiB on CPU. Bytes per token are the real figure of the chosen
-layout: codes plus fp16 scales and zero points for a quantized cache, plus key summaries when
-sparse attention keeps them. A quantized cache also sets aside its full-precision staging (one
-partly filled block per running request) before counting blocks.
+The budget is `--kv-cache-memory` when given, else 2 GiB on CPU. On a GPU it is planned as vLLM's
+profile run does: the engine loads the weights, runs one forward of the largest step it will ever
+schedule (`--max-num-batched-tokens` tokens) and reads the peak memory it took; the KV cache gets
+what is left of `--gpu-memory-utilization` (0.9) of the card once the memory in use (weights, other
+processes, the CUDA context) and that activation peak are set aside.
+
+Bytes per token are the real figure of the chosen layout: codes plus fp16 scales and zero points
+for a quantized cache, plus key summaries when sparse attention keeps them. A quantized cache also
+sets aside its full-precision staging (one partly filled block per running request) before
+counting blocks.
 
 The longest admissible context is the smaller of the model's context (scaled by RoPE scaling, or
 `--max-model-len`) and what the blocks hold, so one request alone always fits: no request, however
@@ -22,16 +27,15 @@ from cloud.model.config import ModelConfig
 from shared.errors import InvalidRequestError
 
 from .config import CPU_KV_CACHE_GIB, EngineConfig
+from .fp8_kv_cache import Fp8KVCache
 from .kv_cache import KVCache
 from .kv_quant import BITS
 from .quantized_kv_cache import QuantizedKVCache
 
-GPU_MEMORY_SHARE = 0.9
-
 
 @dataclass(frozen=True, slots=True)
 class KVPlan:
-    kv_dtype: str  # "float32" / "bfloat16" / "float16" / "int8" / "int4"
+    kv_dtype: str  # "float32" / "bfloat16" / "float16" / "int8" / "int4" / "fp8"
     block_size: int
     bytes_per_token: float  # codes, scales, zero points and summaries included
     budget_bytes: int
@@ -50,30 +54,67 @@ class KVPlan:
         )
 
 
-def kv_budget_bytes(config: EngineConfig, device: torch.device) -> tuple[int, str]:
+@dataclass(frozen=True, slots=True)
+class GPUMemory:
+    """What the profile run saw on the GPU, in bytes."""
+
+    free: int  # free on the card after the weights were loaded and the profile run freed its tensors
+    total: int
+    activation_peak: int  # the largest step's peak above what was allocated before it
+
+
+def gpu_kv_budget(mem: GPUMemory, utilization: float) -> int:
+    """The KV cache's share: utilization * total, less what is in use and the activation peak."""
+    in_use = mem.total - mem.free
+    return int(utilization * mem.total) - in_use - mem.activation_peak
+
+
+def kv_budget_bytes(
+    config: EngineConfig, device: torch.device, gpu: GPUMemory | None = None
+) -> tuple[int, str]:
     if config.kv_cache_memory_gib is not None:
         return int(config.kv_cache_memory_gib * 2**30), "--kv-cache-memory"
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * GPU_MEMORY_SHARE), f"{GPU_MEMORY_SHARE:.0%} of free GPU memory"
+        if gpu is None:
+            raise ValueError("planning KV memory on a GPU needs the profile run's figures")
+        u = config.gpu_memory_utilization
+        budget = gpu_kv_budget(gpu, u)
+        if budget <= 0:
+            raise InvalidRequestError(
+                f"--gpu-memory-utilization {u} leaves no room for the KV cache: {gpu.total / 2**30:.1f} GiB "
+                f"card, {(gpu.total - gpu.free) / 2**30:.2f} GiB in use, "
+                f"{gpu.activation_peak / 2**30:.2f} GiB of activations at the largest step; "
+                "raise it or lower --max-num-batched-tokens"
+            )
+        return (
+            budget,
+            f"{u:.0%} of the GPU less weights and a {gpu.activation_peak / 2**20:.0f} MiB activation peak",
+        )
     return int(CPU_KV_CACHE_GIB * 2**30), "CPU default"
 
 
 def plan_kv(
-    config: EngineConfig, model: ModelConfig, model_context: int, device: torch.device | None = None
+    config: EngineConfig,
+    model: ModelConfig,
+    model_context: int,
+    device: torch.device | None = None,
+    gpu: GPUMemory | None = None,
 ) -> KVPlan:
-    """model_context: the model's own context after RoPE scaling."""
+    """model_context: the model's own context after RoPE scaling; gpu: the profile run's figures."""
     device = device or torch.device("cpu")
     bs = config.kv_block_size
     if bs < 1:
         raise InvalidRequestError("--block-size must be at least 1")
     layers, kvh, d = model.num_layers, model.num_kv_heads, model.head_dim
     summaries = config.attention == "sparse"
-    budget, source = kv_budget_bytes(config, device)
+    budget, source = kv_budget_bytes(config, device, gpu)
     staging = 0
     if config.kv_dtype == "auto":
         name = config.run_dtype
         bpt = KVCache.bytes_per_token(layers, kvh, d, config.torch_dtype, bs, summaries)
+    elif config.kv_dtype == "fp8":
+        name = "fp8"
+        bpt = Fp8KVCache.bytes_per_token(layers, kvh, d, config.torch_dtype, bs, summaries)
     else:
         name = config.kv_dtype
         bpt = QuantizedKVCache.bytes_per_token(layers, kvh, d, BITS[name], bs)
@@ -98,9 +139,21 @@ def plan_kv(
 
 
 def make_kv_cache(
-    plan: KVPlan, model: ModelConfig, dtype: torch.dtype, is_free: Callable[[int], bool], max_num_seqs: int
+    plan: KVPlan,
+    model: ModelConfig,
+    dtype: torch.dtype,
+    is_free: Callable[[int], bool],
+    max_num_seqs: int,
+    device: torch.device | None = None,
+    spare_blocks: int = 0,
 ) -> KVCache | QuantizedKVCache:
-    shape = (model.num_layers, plan.num_blocks, plan.block_size, model.num_kv_heads, model.head_dim)
+    """spare_blocks: blocks past the pool's (CUDA graphs write their padding rows there)."""
+    device = device or torch.device("cpu")
+    blocks = plan.num_blocks + spare_blocks
+    shape = (model.num_layers, blocks, plan.block_size, model.num_kv_heads, model.head_dim)
     if plan.kv_dtype in BITS:
-        return QuantizedKVCache(*shape, dtype, BITS[plan.kv_dtype], is_free, staging_slots=max_num_seqs + 1)
-    return KVCache(*shape, dtype, track_summaries=plan.track_summaries)
+        bits = BITS[plan.kv_dtype]
+        return QuantizedKVCache(*shape, dtype, bits, is_free, staging_slots=max_num_seqs + 1, device=device)
+    if plan.kv_dtype == "fp8":
+        return Fp8KVCache(*shape, dtype, track_summaries=plan.track_summaries, device=device)
+    return KVCache(*shape, dtype, track_summaries=plan.track_summaries, device=device)

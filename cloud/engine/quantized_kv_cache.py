@@ -33,6 +33,27 @@ class _WritePlan:
     whole_tokens: torch.Tensor  # [w * bs] tokens of blocks written whole this step, block by block
     finish_slots: torch.Tensor  # [f] staging slots of blocks completed this step
     complete: torch.Tensor  # [w + f] block ids quantized this step: whole ones, then finished ones
+    slots: torch.Tensor | None = None  # the slot mapping the layers pass (step.slots when None)
+
+    def __post_init__(self) -> None:
+        if self.slots is None:
+            self.slots = self.step.slots
+
+    def to(self, device: torch.device, slots: torch.Tensor, block_size: int) -> _WritePlan:
+        """The plan's index tensors on the cache's device (copied once per step, before the layers)."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return _WritePlan(
+            StepSlots.of(slots, block_size),
+            move(self.stage_tokens),
+            move(self.stage_rows),
+            move(self.whole_tokens),
+            move(self.finish_slots),
+            move(self.complete),
+            slots,
+        )
 
 
 class QuantizedKVCache:
@@ -47,7 +68,9 @@ class QuantizedKVCache:
         bits: int,
         is_free: Callable[[int], bool],
         staging_slots: int = 32,
+        device: torch.device | str = "cpu",
     ) -> None:
+        self.device = dev = torch.device(device)
         if bits == 4 and head_dim % 2:
             raise ValueError("int4 KV needs an even head_dim")
         self.num_blocks = num_blocks
@@ -58,16 +81,20 @@ class QuantizedKVCache:
         self.bits = bits
         self._is_free = is_free  # whether the block pool holds no reference to a block
         h, bs, w = num_kv_heads, block_size, code_width(head_dim, bits)
-        self.kq = [torch.zeros(h, num_blocks, bs, w, dtype=torch.uint8) for _ in range(num_layers)]
-        self.vq = [torch.zeros(h, num_blocks, bs, w, dtype=torch.uint8) for _ in range(num_layers)]
-        self.vscale = [torch.ones(h, num_blocks, bs, dtype=torch.float16) for _ in range(num_layers)]
-        self.vzero = [torch.zeros(h, num_blocks, bs, dtype=torch.float16) for _ in range(num_layers)]
-        self.summaries = KeySummaries(num_layers, num_blocks, h, head_dim)
-        self.dequant = Dequantizer(bits, dtype)
+        u8, f16 = torch.uint8, torch.float16
+        self.kq = [torch.zeros(h, num_blocks, bs, w, dtype=u8, device=dev) for _ in range(num_layers)]
+        self.vq = [torch.zeros(h, num_blocks, bs, w, dtype=u8, device=dev) for _ in range(num_layers)]
+        self.vscale = [torch.ones(h, num_blocks, bs, dtype=f16, device=dev) for _ in range(num_layers)]
+        self.vzero = [torch.zeros(h, num_blocks, bs, dtype=f16, device=dev) for _ in range(num_layers)]
+        self.summaries = KeySummaries(num_layers, num_blocks, h, head_dim, dev)
+        self.dequant = Dequantizer(bits, dtype, dev)
         # staging: full-precision rows of partly filled blocks, [h, slots, bs, d] per layer
-        self.stage_k = [torch.zeros(h, staging_slots, bs, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self.stage_v = [torch.zeros(h, staging_slots, bs, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self.stage_of = torch.full((num_blocks,), -1, dtype=torch.long)  # block -> staging slot or -1
+        stage = (h, staging_slots, bs, head_dim)
+        self.stage_k = [torch.zeros(stage, dtype=dtype, device=dev) for _ in range(num_layers)]
+        self.stage_v = [torch.zeros(stage, dtype=dtype, device=dev) for _ in range(num_layers)]
+        # block -> staging slot or -1: planned on the host, mirrored on the device once per step
+        self._stage_host = torch.full((num_blocks,), -1, dtype=torch.long)
+        self.stage_of = self._stage_host if dev.type == "cpu" else self._stage_host.to(dev)
         self._free_slots = list(range(staging_slots))
         self._plan: _WritePlan | None = None
 
@@ -86,9 +113,15 @@ class QuantizedKVCache:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def begin_step(self, slot_mapping: torch.Tensor) -> None:
-        step = StepSlots.of(slot_mapping, self.block_size)
+    def begin_step(self, slot_mapping: torch.Tensor, device_slots: torch.Tensor | None = None) -> None:
+        """slot_mapping: the step's slots on the host (planning reads them); device_slots: the same on
+        the cache's device, as the layers will pass them to `write`."""
+        step = StepSlots.of(slot_mapping.cpu(), self.block_size)
         self._plan = self._make_plan(step)
+        if self.stage_of is not self._stage_host:
+            self.stage_of.copy_(self._stage_host, non_blocking=True)
+        if device_slots is not None:
+            self._plan = self._plan.to(self.device, device_slots, self.block_size)
 
     def _make_plan(self, step: StepSlots) -> _WritePlan:
         bs = self.block_size
@@ -104,18 +137,18 @@ class QuantizedKVCache:
             if done and lo == 0:
                 whole.append(b)
                 continue
-            if lo > 0 and int(self.stage_of[b]) < 0:
+            if lo > 0 and int(self._stage_host[b]) < 0:
                 raise RuntimeError(f"KV block {b} continues at offset {lo} but its staged head is gone")
-            if lo == 0 and int(self.stage_of[b]) < 0:
-                self.stage_of[b] = self._take_slot()
+            if lo == 0 and int(self._stage_host[b]) < 0:
+                self._stage_host[b] = self._take_slot()
             staged.add(b)
             if done:
                 finished.append(b)
-                finish_slots.append(int(self.stage_of[b]))
+                finish_slots.append(int(self._stage_host[b]))
         for b in whole:  # a block reused whole drops a stale staging slot from an earlier life
             self._release(b)
         stage_tokens = [i for i, b in enumerate(blocks) if b in staged]
-        stage_rows = [int(self.stage_of[blocks[i]]) * bs + offsets[i] for i in stage_tokens]
+        stage_rows = [int(self._stage_host[blocks[i]]) * bs + offsets[i] for i in stage_tokens]
         whole_set = set(whole)
         whole_tokens = [i for i, b in enumerate(blocks) if b in whole_set]
         for b in finished:  # read during this step's writes; reusable from the next step on
@@ -131,7 +164,7 @@ class QuantizedKVCache:
 
     def _take_slot(self) -> int:
         if not self._free_slots:
-            live = (self.stage_of >= 0).nonzero().squeeze(1).tolist()
+            live = (self._stage_host >= 0).nonzero().squeeze(1).tolist()
             for b in live:  # blocks freed while partly filled keep a slot until collected here
                 if self._is_free(b):
                     self._release(b)
@@ -140,9 +173,9 @@ class QuantizedKVCache:
         return self._free_slots.pop()
 
     def _release(self, block: int) -> None:
-        slot = int(self.stage_of[block])
+        slot = int(self._stage_host[block])
         if slot >= 0:
-            self.stage_of[block] = -1
+            self._stage_host[block] = -1
             self._free_slots.append(slot)
 
     def _grow(self) -> None:
@@ -155,7 +188,7 @@ class QuantizedKVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [tokens, kv_heads, head_dim]
         plan = self._plan
-        if plan is None or plan.step.slots is not slot_mapping:
+        if plan is None or plan.slots is not slot_mapping:
             self.begin_step(slot_mapping)
             plan = self._plan
             if plan is None:

@@ -17,12 +17,16 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.errors import QueueFullError
 
 from .block_pool import BlockPool
 from .kv_manager import KVManager
-from .request import FinishReason, Request, RequestStatus
+from .request import FinishReason, Request, RequestStatus, SamplingParams
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +43,37 @@ class SchedulerConfig:
     long_prefill_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """What the runner learns of a request when it is admitted (again, after a preemption): the
+    runner keeps it in its input batch and never reads the mutable Request."""
+
+    token_ids: tuple[int, ...]  # every known token: the prompt, and the outputs after a preemption
+    num_prompt_tokens: int
+    params: SamplingParams
+    grammar: CompiledGrammar | None
+    sliding: bool  # a sliding-window request: its dropped blocks leave -1 in block_ids
+
+
 @dataclass(slots=True)
 class ScheduledChunk:
-    request: Request  # read-only for the runner (sampling parameters)
+    request: Request  # the scheduler's own (update() advances it); the runner never reads it
     token_ids: list[int]  # the tokens computed this step
     start_pos: int  # position of token_ids[0]
     block_ids: list[int]  # all of the request's blocks, in position order
     sample: bool  # the chunk reaches the last known token: sample the next one
+    new: NewRequestData | None = None  # set on the step that admits the request
+    request_id: str = ""
+
+    def __post_init__(self) -> None:
+        self.request_id = self.request.request_id
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)  # ended since the last step (the runner drops them)
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +100,7 @@ class Scheduler:
         self.prefix_queried_tokens = 0  # prompt tokens looked up in the prefix cache at first admission
         self.prefix_hit_tokens = 0  # of which were found there
         self.num_preemptions = 0
+        self._finished: list[str] = []  # ids ended since the last schedule()
 
     @staticmethod
     def _order(req: Request) -> tuple[int, float]:
@@ -107,6 +130,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        self._finished.append(request_id)
         return req
 
     def _preempt(self, req: Request) -> None:
@@ -118,11 +142,16 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         bisect.insort(self.waiting, req, key=self._order)
 
-    def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
+    def _chunk(self, req: Request, num_new: int, admitted: bool = False) -> ScheduledChunk:
         start = req.num_computed_tokens
         end = start + num_new
+        new = None
+        if admitted:
+            new = NewRequestData(
+                tuple(req.token_ids), req.num_prompt_tokens, req.params, req.grammar, req.sliding
+            )
         return ScheduledChunk(
-            req, req.token_ids[start:end], start, list(req.block_ids), end == req.num_tokens
+            req, req.token_ids[start:end], start, list(req.block_ids), end == req.num_tokens, new
         )
 
     def _prefill_cap(self) -> int:
@@ -132,7 +161,8 @@ class Scheduler:
         return cap if cap > 0 and shared else self.config.max_num_batched_tokens
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished=self._finished)
+        self._finished = []
         budget = self.config.max_num_batched_tokens
         cap = self._prefill_cap()
         scheduled: set[int] = set()
@@ -179,7 +209,7 @@ class Scheduler:
                 self.prefix_hit_tokens += num_cached
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.chunks.append(self._chunk(req, num_new))
+            out.chunks.append(self._chunk(req, num_new, admitted=True))
             budget -= num_new
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[TokenEvent]:

@@ -41,7 +41,13 @@ _DENSE: dict[str, torch.dtype] = {
 class Kernel:
     """y = x @ W.T for one weight in one format; x and y in `out_dtype`."""
 
-    def __init__(self, weight: torch.Tensor, kind: KernelKind, out_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        kind: KernelKind,
+        out_dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.kind = kind
         self.out_dtype = out_dtype
         self.in_features = weight.shape[1]
@@ -50,7 +56,9 @@ class Kernel:
         self.scales = self.scales_zeros = torch.empty(0)
         if kind in _DENSE:
             self.compute_dtype = _DENSE[kind]
-            self.weight = weight.to(self.compute_dtype).contiguous()
+            self.weight = weight.to(device=device, dtype=self.compute_dtype).contiguous()
+        elif torch.device(device).type != "cpu":
+            raise ValueError(f"{kind} weights use CPU kernels; on {device} use dense weights")
         elif kind == "int8":
             self.compute_dtype = torch.bfloat16
             self.weight, self.scales = _quantize_int8(weight)
@@ -96,12 +104,17 @@ class Linear:
     """y = x @ W.T (+ b), with the kernel chosen by the number of tokens in x."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, plan: WeightPlan
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        plan: WeightPlan,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.out_features, self.in_features = weight.shape
-        self.bias = None if bias is None else bias.to(dtype)
-        self.large = Kernel(weight, plan.large, dtype)
-        self.small = self.large if plan.small == plan.large else Kernel(weight, plan.small, dtype)
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        self.large = Kernel(weight, plan.large, dtype, device)
+        self.small = self.large if plan.small == plan.large else Kernel(weight, plan.small, dtype, device)
         self.small_max_tokens = plan.small_max_tokens
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -46,10 +46,16 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         plan: WeightPlan | None = None,
         max_positions: int | None = None,
+        device: torch.device | str = "cpu",
+        fused_kernels: bool | None = None,
     ) -> None:
         c = weights.config
         self.config = c
         self.dtype = dtype
+        self.device = dev = torch.device(device)
+        # Triton's fused residual + RMSNorm and in-place RoPE (kernels/triton/norm_rope.py): on a GPU
+        # they replace several elementwise launches per layer; on a CPU PyTorch's ops are the path
+        self.fused = dev.type == "cuda" if fused_kernels is None else fused_kernels
         plan = plan or WeightPlan.single("float32")
         self.plan = plan
         self.layers: list[_Layer] = []
@@ -59,18 +65,23 @@ class LlamaModel:
                 bias = torch.cat([lw.bq, lw.bk, lw.bv])
             self.layers.append(
                 _Layer(
-                    attn_norm=lw.attn_norm.float(),
-                    qkv=Linear(torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, plan),
-                    o=Linear(lw.wo, None, dtype, plan),
-                    ffn_norm=lw.ffn_norm.float(),
-                    gate_up=Linear(torch.cat([lw.w_gate, lw.w_up]), None, dtype, plan),
-                    down=Linear(lw.w_down, None, dtype, plan),
+                    attn_norm=lw.attn_norm.float().to(dev),
+                    qkv=Linear(torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, plan, dev),
+                    o=Linear(lw.wo, None, dtype, plan, dev),
+                    ffn_norm=lw.ffn_norm.float().to(dev),
+                    gate_up=Linear(torch.cat([lw.w_gate, lw.w_up]), None, dtype, plan, dev),
+                    down=Linear(lw.w_down, None, dtype, plan, dev),
                 )
             )
-        self.embed = weights.embed.to(dtype)
-        self.final_norm = weights.final_norm.float()
-        self.lm_head = Linear(weights.lm_head, None, dtype, plan)
-        self.rope = RotaryEmbedding(c, max_positions or c.max_position, dtype)
+        self.embed = weights.embed.to(device=dev, dtype=dtype)
+        self.final_norm = weights.final_norm.float().to(dev)
+        self.lm_head = Linear(weights.lm_head, None, dtype, plan, dev)
+        self.rope = RotaryEmbedding(c, max_positions or c.max_position, dtype, dev)
+
+    def resize_rope(self, max_positions: int) -> None:
+        """Rebuild the RoPE tables for another longest context (dynamic NTK depends on it)."""
+        if max_positions != self.rope.max_positions:
+            self.rope = RotaryEmbedding(self.config, max_positions, self.dtype, self.device)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # RMSNorm in fp32 whatever the run dtype, as the reference implementation does; spelled out
@@ -86,12 +97,15 @@ class LlamaModel:
         positions: torch.Tensor,  # [tokens] int64
         attention: StepAttention,
         logits_rows: torch.Tensor,  # [sampled] rows of the step whose next-token logits are wanted
+        max_position: int | None = None,  # the largest of positions, when the caller knows it
     ) -> torch.Tensor:
         """Run one step; returns fp32 logits [sampled, vocab]."""
+        if self.fused:
+            return self._forward_fused(input_ids, positions, attention, logits_rows, max_position)
         c = self.config
         n = input_ids.shape[0]
         h = self.embed[input_ids]  # [tokens, hidden]
-        cos, sin = self.rope.tables(positions)
+        cos, sin = self.rope.tables(positions, max_position)
         heads_qk = c.num_heads + c.num_kv_heads
         for i, layer in enumerate(self.layers):
             x = self._norm(h, layer.attn_norm)
@@ -105,4 +119,39 @@ class LlamaModel:
             gu = layer.gate_up(x)
             h = h + layer.down(F.silu(gu[:, : c.intermediate_size]) * gu[:, c.intermediate_size :])
         last = self._norm(h[logits_rows], self.final_norm)
+        return self.lm_head(last).float()
+
+    def _forward_fused(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: StepAttention,
+        logits_rows: torch.Tensor,
+        max_position: int | None,
+    ) -> torch.Tensor:
+        """forward() with each residual add folded into the next RMSNorm and RoPE applied in place:
+        the same arithmetic (fp32 norms, the residual rounded to the run dtype) in fewer passes."""
+        from kernels.triton.norm_rope import fused_add_rms_norm, rms_norm, rope_apply_
+
+        c = self.config
+        n = input_ids.shape[0]
+        eps = c.rms_eps
+        h = self.embed[input_ids]  # [tokens, hidden], the residual stream
+        cos, sin = self.rope.tables(positions, max_position)
+        heads_qk = c.num_heads + c.num_kv_heads
+        x = rms_norm(h, self.layers[0].attn_norm, eps) if self.layers else h
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(x)
+            qk = rope_apply_(qkv[:, : c.q_size + c.kv_size].view(n, heads_qk, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+            v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+            o = attention(i, q, k, v)  # [tokens, heads, head_dim]
+            x, h = fused_add_rms_norm(layer.o(o.reshape(n, c.q_size)), h, layer.ffn_norm, eps)
+            gu = layer.gate_up(x)
+            down = layer.down(F.silu(gu[:, : c.intermediate_size]) * gu[:, c.intermediate_size :])
+            if i + 1 < len(self.layers):
+                x, h = fused_add_rms_norm(down, h, self.layers[i + 1].attn_norm, eps)
+            else:
+                h = h + down
+        last = rms_norm(h[logits_rows], self.final_norm, eps)
         return self.lm_head(last).float()

@@ -215,23 +215,30 @@ class RotaryEmbedding:
 
     Dynamic NTK is evaluated once, at seq_len = max_positions."""
 
-    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> None:
         params = rope_parameters(config, seq_len=max_positions)
         # float64 angles: in fp32, position * inv_freq loses the phase at long positions
         t = torch.arange(max_positions, dtype=torch.float64)
         angles = torch.outer(t, params.inv_freq.double())  # [positions, head_dim // 2] radians
         cos, sin = angles.cos() * params.attention_factor, angles.sin() * params.attention_factor
-        self.cos = torch.cat([cos, cos], dim=-1).to(dtype)  # [positions, head_dim]
-        self.sin = torch.cat([sin, sin], dim=-1).to(dtype)
+        self.cos = torch.cat([cos, cos], dim=-1).to(device=device, dtype=dtype)  # [positions, head_dim]
+        self.sin = torch.cat([sin, sin], dim=-1).to(device=device, dtype=dtype)
         self.max_positions = max_positions
         self.attention_factor = params.attention_factor
-        self.inv_freq = params.inv_freq.double()
+        self.inv_freq = params.inv_freq.double().to(device)
         self.dtype = dtype
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(
+        self, positions: torch.Tensor, max_position: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for a step's positions: [tokens, 1, head_dim] each (looked up once per step).
-        Positions past the tables (a sliding-window request runs on without end) are computed."""
-        if positions.numel() and int(positions.max()) >= self.max_positions:
+        Positions past the tables (a sliding-window request runs on without end) are computed.
+        max_position: the largest of `positions` when the caller knows it (no device sync)."""
+        if max_position is None and positions.numel():
+            max_position = int(positions.max())
+        if max_position is not None and max_position >= self.max_positions:
             cos, sin = self._cos_sin(positions.double(), self.attention_factor)
             return cos.unsqueeze(1), sin.unsqueeze(1)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)

@@ -13,7 +13,7 @@ from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.kv_cache import KVCache
 from cloud.engine.request import SamplingParams
-from cloud.engine.sampler import Sampler, SampleResult
+from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
 
 TOL = 1e-3
 CHATS = [
@@ -34,10 +34,10 @@ class RecordingSampler(Sampler):
         super().__init__()
         self.logits: dict[str, list[torch.Tensor]] = {}
 
-    def __call__(self, logits: torch.Tensor, requests: list) -> list[SampleResult]:  # type: ignore[type-arg]
-        for row, req in enumerate(requests):
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampleResult]:
+        for row, req in enumerate(batch.rows):
             self.logits.setdefault(req.request_id, []).append(logits[row].clone())
-        return super().__call__(logits, requests)
+        return super().__call__(logits, batch)
 
 
 def make_core(loaded_model, **overrides) -> tuple[EngineCore, RecordingSampler]:  # type: ignore[no-untyped-def]
