@@ -7,7 +7,7 @@ LOCK    := requirements/all.lock
 PIP     := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint typecheck model bench setup lock clean
+.PHONY: serve test lint typecheck model bench setup lock clean gpu-check-prep
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ lock:
 
 model: $(STAMP)
 	$(BIN)/ctxfuse models fetch
+
+# What the GPU check carries to a GPU machine without internet (docs/gpu-check.md)
+gpu-check-prep: $(STAMP)
+	$(BIN)/python -m cloud.bench.gpu_prepare --out .gpu
 
 serve: model
 	$(BIN)/ctxfuse serve

@@ -156,6 +156,7 @@ def _add_certs(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
+    from cloud.bench.gpu_check import add_gpu_check_parser
     from cloud.bench.longctx import add_longctx_parser
     from cloud.bench.prefill_cap import add_prefill_cap_parser
     from cloud.bench.structured_bench import add_structured_parser
@@ -183,6 +184,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     add_prefill_cap_parser(bench)
     add_structured_parser(bench)
     add_edge_bench_parser(bench)
+    add_gpu_check_parser(bench)
 
 
 @dataclass(frozen=True, slots=True)

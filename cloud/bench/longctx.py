@@ -102,7 +102,17 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help="a .gguf file or a Hugging Face directory (default SmolLM2)")
-    g.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto", help="default auto: float32")
+    g.add_argument(
+        "--device",
+        default="auto",
+        help="auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["auto", *sorted(DTYPES)],
+        default="auto",
+        help="default auto: bfloat16 on a GPU, float32 on a CPU",
+    )
     g.add_argument(
         "--weight-quant",
         choices=WEIGHT_QUANTS,
@@ -135,6 +145,7 @@ def options(args: argparse.Namespace) -> LongCtxOptions:
         out=args.out,
         model=args.model,
         dtype=args.dtype,
+        device=args.device,
         weight_quant=args.weight_quant,
         quick=args.quick,
     )

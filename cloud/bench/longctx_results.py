@@ -28,6 +28,7 @@ class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True):
     model: str | None
     dtype: DType
     weight_quant: WeightQuant
+    device: str = "auto"
 
     def grid(self) -> Grid:
         return Grid(

@@ -39,6 +39,7 @@ class LongCtxOptions:
     out: Path = Path("bench-results/longctx")
     model: str | None = None
     dtype: DType = "auto"
+    device: str = "auto"
     # none: the exact float32 weights. auto times kernels at every engine start and, on a busy
     # machine, picks differently per configuration: that would mix the weight path into the comparison
     weight_quant: WeightQuant = "none"
@@ -110,6 +111,7 @@ def _spec(opts: LongCtxOptions, name: str) -> WorkerSpec:
         model=opts.model,
         dtype=opts.dtype,
         weight_quant=opts.weight_quant,
+        device=opts.device,
     )
 
 

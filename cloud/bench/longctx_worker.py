@@ -161,7 +161,9 @@ def _peak_rss_mib() -> float:
 
 def run_worker(spec: WorkerSpec, emit: Callable[[WorkerLine], None]) -> None:
     config = CONFIGS[spec.config]
-    base = EngineConfig(model=spec.model, dtype=spec.dtype, weight_quant=spec.weight_quant, seed=spec.seed)
+    base = EngineConfig(
+        model=spec.model, device=spec.device, dtype=spec.dtype, weight_quant=spec.weight_quant, seed=spec.seed
+    )
     loaded = load_model(spec.model)
     native = loaded.weights.config.max_position
     if native != spec.native_context:

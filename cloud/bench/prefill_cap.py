@@ -39,6 +39,7 @@ class CapOptions:
     rounds: int = 4
     seed: int = 0
     out: Path = Path("bench-results/prefill-cap.json")
+    device: str = "auto"
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ def _summary(rounds: list[Round]) -> dict[str, float]:
 def run(opts: CapOptions, loaded: LoadedModel | None = None) -> dict[str, object]:
     loaded = loaded or load_model(None)
     base = EngineConfig(
+        device=opts.device,
         dtype="float32",
         weight_quant="none",
         kv_cache_memory_gib=0.5,
@@ -191,4 +193,9 @@ def add_prefill_cap_parser(bench: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--rounds", type=int, default=d.rounds, help="per configuration (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="prompt tokens (default %(default)s)")
     p.add_argument("--out", type=Path, default=d.out, help="JSON results file (default %(default)s)")
+    p.add_argument(
+        "--device",
+        default=d.device,
+        help="auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N",
+    )
     p.set_defaults(func=cmd_prefill_cap)

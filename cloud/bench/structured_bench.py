@@ -68,7 +68,9 @@ def _rounded(x: object) -> object:
 def cmd_structured(args: argparse.Namespace) -> int:
     sizes = QUICK if args.quick else FULL
     sizes = replace(sizes, tokens=args.tokens or sizes.tokens, repeats=args.repeats or sizes.repeats)
-    config = EngineConfig(model=args.model, dtype=args.dtype, weight_quant=args.weight_quant)
+    config = EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, weight_quant=args.weight_quant
+    )
     report = run(config, sizes)
     publish(args.out, _rounded(asdict(report)), _table(report))
     return 0
@@ -102,6 +104,11 @@ def add_structured_parser(bench: argparse._SubParsersAction[argparse.ArgumentPar
         f"{QUICK.repeats} with --quick)",
     )
     p.add_argument(
+        "--device",
+        default=d.device,
+        help="auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=Path("bench-results/structured.json"),
@@ -110,7 +117,10 @@ def add_structured_parser(bench: argparse._SubParsersAction[argparse.ArgumentPar
     g = p.add_argument_group("engine (defaults: the server's)")
     g.add_argument("--model", default=None, help="a .gguf file or a Hugging Face directory (default SmolLM2)")
     g.add_argument(
-        "--dtype", choices=["auto", *sorted(DTYPES)], default=d.dtype, help="default %(default)s: float32"
+        "--dtype",
+        choices=["auto", *sorted(DTYPES)],
+        default=d.dtype,
+        help="default %(default)s: bfloat16 on a GPU, float32 on a CPU",
     )
     g.add_argument(
         "--weight-quant",
