@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -80,6 +80,9 @@ class Workload:
 class Figures:
     prefill_tok_s: dict[str, float] = field(default_factory=dict)  # prompt tokens -> tokens/s
     decode_tok_s: dict[str, float] = field(default_factory=dict)  # concurrency -> tokens/s, all requests
+    # ours, on a CPU: concurrency -> ms per decode step spent outside the model forward (scheduling,
+    # the runner's inputs, sampling): the engine's own overhead, which machine noise in the forward hides
+    decode_step_overhead_ms: dict[str, float] = field(default_factory=dict)
     ttft_cold_s: float = 0.0
     ttft_prefix_hit_s: float | None = None  # ours only
     ttft_cold_over_hit: float | None = None
@@ -131,21 +134,53 @@ def _first_token(core: EngineCore, rid: str, ids: list[int], max_tokens: int = 1
     return ttft, first.num_cached_tokens
 
 
-def _decode_rate(core: EngineCore, prompts: list[list[int]], new_tokens: int, tag: str) -> float:
-    """Generated tokens/s from the moment every request has its first token (prefill excluded)."""
+class _ForwardClock:
+    """Host seconds spent in the model's forward, counted from `on` (installed on the instance for
+    the benchmark only; on a GPU the forward is asynchronous, so this is a CPU figure)."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.model = core.model
+        self._forward = core.model.forward
+        self.seconds = 0.0
+        self.on = False
+
+    def __enter__(self) -> _ForwardClock:
+        self.model.forward = self._timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.model.forward
+
+    def _timed(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        out = self._forward(*args, **kwargs)
+        if self.on:
+            self.seconds += time.perf_counter() - t
+        return out
+
+
+def _decode_rate(
+    core: EngineCore, prompts: list[list[int]], new_tokens: int, tag: str
+) -> tuple[float, float]:
+    """Generated tokens/s from the moment every request has its first token (prefill excluded), and
+    the milliseconds per step spent outside the model forward over the same steps."""
     for i, ids in enumerate(prompts):
         params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         core.add_request(f"{tag}-{i}", ids, params)
     started: set[str] = set()
-    t_start, counted = 0.0, 0
-    while core.has_work():
-        outs = _step(core)
-        if len(started) == len(prompts):
-            counted += sum(len(o.token_ids) for o in outs)
-        else:
-            started.update(o.request_id for o in outs if o.token_ids)
-            t_start = time.perf_counter()
-    return counted / (time.perf_counter() - t_start)
+    t_start, counted, steps = 0.0, 0, 0
+    with _ForwardClock(core) as clock:
+        while core.has_work():
+            outs = _step(core)
+            if len(started) == len(prompts):
+                counted += sum(len(o.token_ids) for o in outs)
+                steps += 1
+            else:
+                started.update(o.request_id for o in outs if o.token_ids)
+                t_start = time.perf_counter()
+                clock.on = True
+    wall = time.perf_counter() - t_start
+    return counted / wall, 1000 * (wall - clock.seconds) / max(steps, 1)
 
 
 def _measure_ours(core: EngineCore, w: Workload, sizes: Sizes) -> Figures:
@@ -156,8 +191,14 @@ def _measure_ours(core: EngineCore, w: Workload, sizes: Sizes) -> Figures:
         f.prefill_tok_s[str(len(ids))] = len(ids) / t
         _say(f"ours prefill {len(ids)} tokens: {len(ids) / t:.0f} tok/s ({t:.3f} s)")
     for c, prompts in w.decode.items():
-        f.decode_tok_s[str(c)] = _decode_rate(core, prompts, sizes.new_tokens, f"decode-{c}")
-        _say(f"ours decode at concurrency {c}: {f.decode_tok_s[str(c)]:.1f} tok/s")
+        rate, overhead = _decode_rate(core, prompts, sizes.new_tokens, f"decode-{c}")
+        f.decode_tok_s[str(c)] = rate
+        if core.device.type == "cpu":
+            f.decode_step_overhead_ms[str(c)] = overhead
+        _say(
+            f"ours decode at concurrency {c}: {rate:.1f} tok/s "
+            f"({overhead:.2f} ms per step outside the forward)"
+        )
     f.ttft_cold_s, _ = _first_token(core, "doc-cold", w.doc_cold, DOC_ANSWER_TOKENS)
     hit, f.prefix_hit_cached_tokens = _first_token(core, "doc-hit", w.doc_hit, DOC_ANSWER_TOKENS)
     f.ttft_prefix_hit_s, f.ttft_cold_over_hit = hit, f.ttft_cold_s / hit
