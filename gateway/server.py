@@ -128,7 +128,9 @@ def serve(engine_config: EngineConfig, config: GatewayConfig, worker: bool = Fal
         )
     print("ctxfuse: loading the model ...", file=sys.stderr, flush=True)
     backend = InProcessBackend.from_config(engine_config)
-    print(f"ctxfuse: {backend.engine.core.kv_plan.describe()}", file=sys.stderr, flush=True)
+    core = backend.engine.core
+    print(f"ctxfuse: {core.describe_device()}", file=sys.stderr, flush=True)
+    print(f"ctxfuse: {core.kv_plan.describe()}", file=sys.stderr, flush=True)
     store = open_chunk_store(config) if config.edge_port is not None else None
     engine = WorkerEngine.of(backend.engine.core) if worker else None
     server = build_server(backend, config, chunk_store=store, worker=engine)

@@ -174,6 +174,15 @@ class EngineCore:
             config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
         )
 
+    def describe_device(self) -> str:
+        """One line for the start-up log: where the engine runs and how."""
+        attention = type(self.runner.attention).__name__
+        graphs = "CUDA graphs for decode" if self.graphs_off is None else f"eager decode ({self.graphs_off})"
+        return (
+            f"engine on {self.device} ({self.config.run_dtype}, weights {self.weight_plan.describe()}, "
+            f"{attention}, {graphs})"
+        )
+
     def _capture_graphs(self) -> str | None:
         triton = use_triton(self.config.attention_kernels, self.device)
         cache = self.cache

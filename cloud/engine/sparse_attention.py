@@ -111,7 +111,8 @@ class SparseAttention:
         kvh, g, bs = self.dense.num_kv_heads, self.dense.group, self.block_size
         nb = tables.shape[1]
         nblk = (lens + bs - 1) // bs  # [r] real blocks per row
-        j = torch.arange(nb)
+        dev = tables.device
+        j = torch.arange(nb, device=dev)
         window_start = (nblk - self.window_blocks)[:, None]  # [r, 1]
         middle = (j >= self.sink_blocks) & (j[None, :] < window_start)  # [r, nb]
         qg = q.view(r, kvh, g, d)
@@ -122,7 +123,7 @@ class SparseAttention:
         if self.config.top_p is not None:
             chosen &= self._within_top_p(top.values)
         sinks = j[: self.sink_blocks].expand(r, kvh, -1)
-        window = (window_start + torch.arange(self.window_blocks)).unsqueeze(1).expand(r, kvh, -1)
+        window = (window_start + torch.arange(self.window_blocks, device=dev)).unsqueeze(1).expand(r, kvh, -1)
         sel = torch.cat([sinks, top.indices, window], dim=-1)  # [r, kvh, n] block positions
         keep = torch.cat(
             [torch.ones_like(sinks, dtype=torch.bool), chosen, torch.ones_like(window, dtype=torch.bool)], -1
@@ -133,7 +134,7 @@ class SparseAttention:
         k, v = cache.gather_per_head(layer, ids)  # [r, kvh, n * bs, d]
         if shift is not None and bool(shift.any()):
             k = shift_sinks(self.dense.rope, k, shift.view(r, 1), sink_tokens)
-        pos = sel.unsqueeze(-1) * bs + torch.arange(bs)  # [r, kvh, n, bs]
+        pos = sel.unsqueeze(-1) * bs + torch.arange(bs, device=dev)  # [r, kvh, n, bs]
         valid = (pos < lens.view(r, 1, 1, 1)) & keep.unsqueeze(-1)
         mask = valid.flatten(-2).unsqueeze(2)  # [r, kvh, 1, n * bs]
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.dense.scale)
@@ -175,7 +176,7 @@ class SparseAttention:
         start, table = seq.start_pos, seq.block_table
         near = max(0, (start - self.config.window) // bs)  # far blocks: [0, near); exact from near * bs
         sinks = min(self.sink_blocks, near)
-        far = torch.arange(sinks).expand(kvh, -1)  # [kvh, sinks] block positions
+        far = torch.arange(sinks, device=table.device).expand(kvh, -1)  # [kvh, sinks] block positions
         top = min(self.top_blocks, near - sinks)
         if top > 0:
             obs = q[-OBSERVED_QUERIES:].transpose(0, 1)  # [heads, m, d]
