@@ -163,6 +163,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     from ctxfuse.engine_cli import add_engine_options
     from gateway.bench.edge.cli import add_edge_bench_parser
     from gateway.bench.fleet_bench import add_fleet_bench_parser
+    from gateway.bench.serving import add_serve_bench_parser
 
     bench = p.add_subparsers(dest="bench_command", required=True)
     be = bench.add_parser(
@@ -185,6 +186,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     add_structured_parser(bench)
     add_edge_bench_parser(bench)
     add_gpu_check_parser(bench)
+    add_serve_bench_parser(bench)
 
 
 @dataclass(frozen=True, slots=True)

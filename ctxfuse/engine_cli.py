@@ -53,7 +53,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "--attention-kernels",
         choices=ATTENTION_KERNELS,
         default=d.attention_kernels,
-        help="auto (default: Triton kernels on a GPU, PyTorch on a CPU), torch, or triton",
+        help="auto (default: Triton kernels on a GPU, compiled C++ decode kernels on a CPU), torch (the "
+        "PyTorch references), triton, or cpu",
     )
     g.add_argument(
         "--dtype",

@@ -71,7 +71,7 @@ def kernel_tests(device: torch.device) -> dict[str, object]:
     """Run the kernel tests on the device in a child pytest (the interpreter stays off on a GPU)."""
     tests = [
         "tests/kernels",
-        "tests/cloud/engine/test_triton_attention.py",
+        "tests/cloud/engine/test_attention_kernels.py",
         "tests/cloud/model/test_fused_forward.py",
     ]
     env = dict(os.environ)

@@ -20,8 +20,8 @@ DTYPES: dict[str, torch.dtype] = {
 AttentionKind = Literal["dense", "sparse"]
 KVDType = Literal["auto", "int8", "int4", "fp8"]
 KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4", "fp8")
-AttentionKernels = Literal["auto", "torch", "triton"]
-ATTENTION_KERNELS: tuple[AttentionKernels, ...] = ("auto", "torch", "triton")
+AttentionKernels = Literal["auto", "torch", "triton", "cpu"]
+ATTENTION_KERNELS: tuple[AttentionKernels, ...] = ("auto", "torch", "triton", "cpu")
 ContextOverflow = Literal["error", "truncate_middle", "sliding_window"]
 CONTEXT_OVERFLOWS: tuple[ContextOverflow, ...] = ("error", "truncate_middle", "sliding_window")
 CPU_KV_CACHE_GIB = 2.0  # the KV budget on CPU when none is given (on a GPU: a share of free memory)
@@ -64,7 +64,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0  # for requests without a seed: makes a whole run reproducible
     attention: AttentionKind = "dense"
-    # auto: Triton kernels on a GPU, PyTorch on a CPU; triton on a CPU needs TRITON_INTERPRET=1 (tests)
+    # auto: Triton kernels on a GPU, the compiled C++ decode kernels on a CPU (PyTorch where they cannot
+    # build); torch: the PyTorch references; triton on a CPU needs TRITON_INTERPRET=1 (tests)
     attention_kernels: AttentionKernels = "auto"
     sparse: SparseConfig = SparseConfig()
     # auto: the run dtype; int8 / int4: group-wise quantized (KIVI layout); fp8: e4m3 with per-head scales

@@ -24,12 +24,14 @@ from cloud.model.llama import LlamaModel
 from cloud.model.loading import LoadedModel, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
+from kernels.cpu.paged_attention import available as cpu_kernels_available
 from shared.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 
 from .attention import AttentionBackend, DenseAttention
 from .block_events import BlockEventLog
 from .block_pool import BlockPool
 from .config import EngineConfig
+from .cpu_attention import CpuKernelAttention
 from .cuda_graphs import CudaGraphs, eligible
 from .kv_cache import KVCache
 from .memory import make_kv_cache, plan_kv
@@ -71,7 +73,7 @@ class EngineStats:
 def use_triton(kernels: str, device: torch.device) -> bool:
     """Whether attention runs the Triton kernels: on a GPU by default; on a CPU only when asked and
     under the interpreter (slow: for tests)."""
-    if kernels == "torch" or (kernels == "auto" and device.type != "cuda"):
+    if kernels in ("torch", "cpu") or (kernels == "auto" and device.type != "cuda"):
         return False
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InvalidRequestError(
@@ -89,6 +91,7 @@ class EngineCore:
         if config.rope_scaling is not None:  # the user's RoPE scaling overrides the model's
             weights = replace(weights, config=with_rope_scaling(weights.config, config.rope_scaling))
         self.model_config = weights.config
+        self._weights = weights
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.chat_template: ChatTemplate = loaded.chat_template
         c = self.model_config
@@ -170,8 +173,14 @@ class EngineCore:
                     f"--weight-quant {config.weight_quant} uses CPU kernels; on {device} use none or auto"
                 )
             return WeightPlan.single(config.run_dtype)  # type: ignore[arg-type]
+        layers = self._weights.layers
+        qtype = layers[0].blocks["w_gate"].qtype if layers and "w_gate" in layers[0].blocks else None
         return plan_weights(
-            config.run_dtype, config.weight_quant, (2 * c.intermediate_size, c.hidden_size), c.num_layers
+            config.run_dtype,
+            config.weight_quant,
+            (2 * c.intermediate_size, c.hidden_size),
+            c.num_layers,
+            qtype,
         )
 
     def describe_device(self) -> str:
@@ -210,11 +219,16 @@ class EngineCore:
         backend: DenseAttention | SparseAttention = dense
         if self.config.attention == "sparse":
             backend = SparseAttention(dense, self.config.sparse, self.kv_plan.block_size)
-        if not use_triton(self.config.attention_kernels, self.device):
-            return backend
-        from .triton_attention import TritonAttention  # defines kernels: only where they can run
+        kernels = self.config.attention_kernels
+        if use_triton(kernels, self.device):
+            from .triton_attention import TritonAttention  # defines kernels: only where they can run
 
-        return TritonAttention(backend)
+            return TritonAttention(backend)
+        if self.device.type == "cpu" and kernels in ("auto", "cpu") and cpu_kernels_available():
+            return CpuKernelAttention(backend)
+        if kernels == "cpu":
+            raise InvalidRequestError("--attention-kernels cpu: the C++ kernels could not be built here")
+        return backend
 
     def encode_chat(
         self,

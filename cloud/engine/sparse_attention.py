@@ -109,6 +109,25 @@ class SparseAttention:
         shift: [r] sliding-window rows' dropped tokens (their sink blocks come first in `sel`)."""
         r, h, d = q.shape
         kvh, g, bs = self.dense.num_kv_heads, self.dense.group, self.block_size
+        sel, keep = self.select(layer, q, cache, tables, lens)
+        ids = tables[:, None, :].expand(r, kvh, tables.shape[1]).gather(-1, sel)  # [r, kvh, n] block ids
+        k, v = cache.gather_per_head(layer, ids)  # [r, kvh, n * bs, d]
+        if shift is not None and bool(shift.any()):
+            k = shift_sinks(self.dense.rope, k, shift.view(r, 1), sink_tokens)
+        pos = sel.unsqueeze(-1) * bs + torch.arange(bs, device=tables.device)  # [r, kvh, n, bs]
+        valid = (pos < lens.view(r, 1, 1, 1)) & keep.unsqueeze(-1)
+        mask = valid.flatten(-2).unsqueeze(2)  # [r, kvh, 1, n * bs]
+        o = F.scaled_dot_product_attention(q.view(r, kvh, g, d), k, v, attn_mask=mask, scale=self.dense.scale)
+        return o.reshape(r, h, d)
+
+    def select(
+        self, layer: int, q: torch.Tensor, cache: AnyKVCache, tables: torch.Tensor, lens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which blocks each (row, KV head) attends to: block positions [r, kvh, n] in context order
+        (sinks, the top middle blocks, the window) and whether each is kept [r, kvh, n] (a row with
+        fewer middle blocks than the top count, or past top_p, pads with dropped entries)."""
+        r, _, d = q.shape
+        kvh, g, bs = self.dense.num_kv_heads, self.dense.group, self.block_size
         nb = tables.shape[1]
         nblk = (lens + bs - 1) // bs  # [r] real blocks per row
         dev = tables.device
@@ -129,16 +148,7 @@ class SparseAttention:
             [torch.ones_like(sinks, dtype=torch.bool), chosen, torch.ones_like(window, dtype=torch.bool)], -1
         )
         sel, order = sel.sort(dim=-1)  # context order, as dense reads it
-        keep = keep.gather(-1, order)
-        ids = tables[:, None, :].expand(r, kvh, nb).gather(-1, sel)  # [r, kvh, n] block ids
-        k, v = cache.gather_per_head(layer, ids)  # [r, kvh, n * bs, d]
-        if shift is not None and bool(shift.any()):
-            k = shift_sinks(self.dense.rope, k, shift.view(r, 1), sink_tokens)
-        pos = sel.unsqueeze(-1) * bs + torch.arange(bs, device=dev)  # [r, kvh, n, bs]
-        valid = (pos < lens.view(r, 1, 1, 1)) & keep.unsqueeze(-1)
-        mask = valid.flatten(-2).unsqueeze(2)  # [r, kvh, 1, n * bs]
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.dense.scale)
-        return o.reshape(r, h, d)
+        return sel, keep.gather(-1, order)
 
     def _bounds(self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """Quest upper bounds. qg: [..., kvh, m, d] queries by KV head; tables: [..., nb] block ids

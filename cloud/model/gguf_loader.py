@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.cpu.gguf_matmul import QTYPES, GGUFWeight
 from shared.errors import ModelLoadError
 
 from .config import ModelConfig
@@ -21,6 +22,16 @@ from .weights import LayerWeights, ModelWeights
 SUPPORTED_ARCHS = ("llama", "qwen2")
 # Tensor types we dequantize; anything else is refused with its name.
 _SUPPORTED_QTYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
+# the projections whose quantized blocks are kept for the GGUF weight kernels: LayerWeights name -> tensor
+_PROJECTIONS = {
+    "wq": "attn_q.weight",
+    "wk": "attn_k.weight",
+    "wv": "attn_v.weight",
+    "wo": "attn_output.weight",
+    "w_gate": "ffn_gate.weight",
+    "w_up": "ffn_up.weight",
+    "w_down": "ffn_down.weight",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +186,19 @@ def _dequantize(tensor: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True).reshape(shape))
 
 
+def _blocks(tensor: Any, permute_heads: int = 0) -> GGUFWeight | None:
+    """The tensor's own quantized blocks, for kernels that read them (None for float tensors); Q and
+    K rows are un-permuted as the dequantized ones are (rows are whole blocks)."""
+    qname = tensor.tensor_type.name
+    if qname not in QTYPES:
+        return None
+    w = GGUFWeight.from_numpy(tensor.data, qname, int(tensor.shape[0]))
+    if permute_heads:
+        order = _unpermute(torch.arange(w.out_features).unsqueeze(1), permute_heads).squeeze(1)
+        w = w.rows(order)
+    return w
+
+
 def load_gguf(path: str | Path) -> tuple[ModelWeights, GGUFTokenizerData]:
     """Load weights (dequantized to fp32, HF layout) and tokenizer data from a GGUF file."""
     reader = _open(Path(path))
@@ -190,6 +214,14 @@ def load_gguf(path: str | Path) -> tuple[ModelWeights, GGUFTokenizerData]:
 
     def opt(name: str) -> torch.Tensor | None:
         return get(name) if name in tensors else None
+
+    def blocks(prefix: str, heads: dict[str, int]) -> dict[str, GGUFWeight]:
+        out = {}
+        for key, name in _PROJECTIONS.items():
+            b = _blocks(tensors[prefix + name], heads.get(key, 0))
+            if b is not None:
+                out[key] = b
+        return out
 
     permute = config.arch == "llama"
     layers = []
@@ -212,10 +244,13 @@ def load_gguf(path: str | Path) -> tuple[ModelWeights, GGUFTokenizerData]:
                 bq=opt(p + "attn_q.bias"),
                 bk=opt(p + "attn_k.bias"),
                 bv=opt(p + "attn_v.bias"),
+                blocks=blocks(p, {"wq": config.num_heads, "wk": config.num_kv_heads} if permute else {}),
             )
         )
     embed = get("token_embd.weight")
-    lm_head = embed if config.tie_embeddings else get("output.weight")
-    weights = ModelWeights(config, embed, layers, get("output_norm.weight"), lm_head)
+    head_name = "token_embd.weight" if config.tie_embeddings else "output.weight"
+    lm_head = embed if config.tie_embeddings else get(head_name)
+    head_blocks = _blocks(tensors[head_name])
+    weights = ModelWeights(config, embed, layers, get("output_norm.weight"), lm_head, head_blocks)
     weights.check_shapes()
     return weights, tok

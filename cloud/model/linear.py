@@ -16,9 +16,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-WeightQuant = Literal["auto", "none", "int8", "int4"]
-WEIGHT_QUANTS: tuple[WeightQuant, ...] = ("auto", "none", "int8", "int4")
-KernelKind = Literal["float32", "bfloat16", "float16", "int8", "int4"]
+from kernels.cpu.gguf_matmul import GGUFWeight, gguf_linear, random_weight
+from kernels.cpu.gguf_matmul import available as gguf_available
+
+WeightQuant = Literal["auto", "none", "int8", "int4", "gguf"]
+WEIGHT_QUANTS: tuple[WeightQuant, ...] = ("auto", "none", "int8", "int4", "gguf")
+# gguf: the file's own quantized blocks (Q4_0 / Q4_1 / Q8_0) read by a C++ kernel with fp32
+# activations and fp32 accumulation (kernels/cpu/gguf_matmul.py): the float32 reference's math on
+# the dequantized weights, in another summation order, at a fifth of the bytes for Q4_1
+KernelKind = Literal["float32", "bfloat16", "float16", "int8", "int4", "gguf"]
 INT4_GROUP = 32  # the GGUF Q4 block size, so Q4_0 / Q4_1 weights keep their own grouping
 # `auto` chooses only among kernels whose greedy output agrees with the float32 reference as well
 # as float16 weights do (the precision serving stacks treat as lossless). Measured with SmolLM2-135M,
@@ -47,14 +53,21 @@ class Kernel:
         kind: KernelKind,
         out_dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        blocks: GGUFWeight | None = None,
     ) -> None:
+        if kind == "gguf" and (blocks is None or torch.device(device).type != "cpu" or not gguf_available()):
+            kind = "float32"  # no blocks for this weight (a float tensor in the file), or no kernel here
         self.kind = kind
         self.out_dtype = out_dtype
         self.in_features = weight.shape[1]
+        self.blocks = blocks if kind == "gguf" else None
         if kind == "int4" and self.in_features % INT4_GROUP:
             self.kind = kind = "int8"  # no whole groups: per-channel int8 instead
         self.scales = self.scales_zeros = torch.empty(0)
-        if kind in _DENSE:
+        if kind == "gguf":
+            self.compute_dtype = torch.float32
+            self.weight = torch.empty(0)  # the blocks are the weight
+        elif kind in _DENSE:
             self.compute_dtype = _DENSE[kind]
             self.weight = weight.to(device=device, dtype=self.compute_dtype).contiguous()
         elif torch.device(device).type != "cpu":
@@ -69,7 +82,9 @@ class Kernel:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [tokens, in_features] -> [tokens, out_features]
         xc = x.to(self.compute_dtype)
-        if self.kind in _DENSE:
+        if self.blocks is not None:
+            y = gguf_linear(xc.contiguous(), self.blocks)
+        elif self.kind in _DENSE:
             y = F.linear(xc, self.weight)
         elif self.kind == "int8":
             y = torch.ops.aten._weight_int8pack_mm(xc, self.weight, self.scales)
@@ -79,7 +94,8 @@ class Kernel:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.scales_zeros))
+        held = (self.weight, self.scales, self.scales_zeros)
+        return sum(t.numel() * t.element_size() for t in held) + (self.blocks.nbytes if self.blocks else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +126,13 @@ class Linear:
         dtype: torch.dtype,
         plan: WeightPlan,
         device: torch.device | str = "cpu",
+        blocks: GGUFWeight | None = None,
     ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        self.large = Kernel(weight, plan.large, dtype, device)
-        self.small = self.large if plan.small == plan.large else Kernel(weight, plan.small, dtype, device)
+        self.large = Kernel(weight, plan.large, dtype, device, blocks)
+        same = plan.small == plan.large
+        self.small = self.large if same else Kernel(weight, plan.small, dtype, device, blocks)
         self.small_max_tokens = plan.small_max_tokens
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,21 +146,37 @@ class Linear:
 
 
 def plan_weights(
-    dtype_name: str, weight_quant: WeightQuant, shape: tuple[int, int], num_layers: int
+    dtype_name: str,
+    weight_quant: WeightQuant,
+    shape: tuple[int, int],
+    num_layers: int,
+    gguf_blocks: str | None = None,
 ) -> WeightPlan:
     """The weight plan for an engine's options. `auto` times the candidate kernels on this machine
     and keeps the fastest for decode-sized steps (timed over `num_layers` distinct weights of
     `shape`, so that, as in a real step, weights stream from memory: decode is bandwidth-bound) and
-    the fastest for prefill-sized steps (compute-bound: a few weights suffice)."""
+    the fastest for prefill-sized steps (compute-bound: a few weights suffice).
+
+    gguf_blocks: the quantized format of the model file's projections (e.g. "Q4_1"), when it has
+    one: then the GGUF kernel, whose math is the float32 reference's, is a candidate of `auto`."""
     if weight_quant == "none":
         return WeightPlan.single(dtype_name)  # type: ignore[arg-type]
     if weight_quant != "auto":
         return WeightPlan.single(weight_quant)
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=gen) * 0.02 for _ in range(num_layers)]
+    with_gguf: tuple[KernelKind, ...] = ()
+    blocks: list[GGUFWeight] = []
+    if gguf_blocks is not None and gguf_available():
+        with_gguf = ("gguf",)
+        blocks = [random_weight(*shape, gguf_blocks, seed=i) for i in range(num_layers)]
+
+    def kernel(w: torch.Tensor, kind: KernelKind, i: int) -> Kernel:
+        return Kernel(w, kind, torch.float32, blocks=blocks[i] if kind == "gguf" else None)
 
     def fastest(kinds: tuple[KernelKind, ...], m: int, ws: list[torch.Tensor]) -> KernelKind:
-        cost = {k: _time([Kernel(w, k, torch.float32) for w in ws], m, shape[1]) for k in kinds}
+        kinds = kinds + with_gguf
+        cost = {k: _time([kernel(w, k, i) for i, w in enumerate(ws)], m, shape[1]) for k in kinds}
         best = min(kinds, key=cost.__getitem__)
         # float32 is the reference: another kernel replaces it only when clearly faster, so the
         # choice does not flip between runs on timing noise

@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.gguf_matmul import GGUFWeight
+
 from .linear import Linear, WeightPlan
 from .rope import RotaryEmbedding
 from .weights import ModelWeights
@@ -36,6 +38,17 @@ class _Layer:
     ffn_norm: torch.Tensor
     gate_up: Linear  # fused gate and up: [2 * intermediate, hidden]
     down: Linear
+
+
+def _fused(blocks: dict[str, GGUFWeight], *names: str) -> GGUFWeight | None:
+    """The named projections' blocks stacked into one weight, when all have blocks of one format."""
+    parts = [blocks.get(n) for n in names]
+    if any(p is None for p in parts):
+        return None
+    ws = [p for p in parts if p is not None]
+    if len({(w.qtype, w.in_features) for w in ws}) != 1:
+        return None
+    return GGUFWeight.cat(ws)
 
 
 class LlamaModel:
@@ -63,19 +76,24 @@ class LlamaModel:
             bias = None
             if lw.bq is not None and lw.bk is not None and lw.bv is not None:
                 bias = torch.cat([lw.bq, lw.bk, lw.bv])
+            b = lw.blocks
             self.layers.append(
                 _Layer(
                     attn_norm=lw.attn_norm.float().to(dev),
-                    qkv=Linear(torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, plan, dev),
-                    o=Linear(lw.wo, None, dtype, plan, dev),
+                    qkv=Linear(
+                        torch.cat([lw.wq, lw.wk, lw.wv]), bias, dtype, plan, dev, _fused(b, "wq", "wk", "wv")
+                    ),
+                    o=Linear(lw.wo, None, dtype, plan, dev, b.get("wo")),
                     ffn_norm=lw.ffn_norm.float().to(dev),
-                    gate_up=Linear(torch.cat([lw.w_gate, lw.w_up]), None, dtype, plan, dev),
-                    down=Linear(lw.w_down, None, dtype, plan, dev),
+                    gate_up=Linear(
+                        torch.cat([lw.w_gate, lw.w_up]), None, dtype, plan, dev, _fused(b, "w_gate", "w_up")
+                    ),
+                    down=Linear(lw.w_down, None, dtype, plan, dev, b.get("w_down")),
                 )
             )
         self.embed = weights.embed.to(device=dev, dtype=dtype)
         self.final_norm = weights.final_norm.float().to(dev)
-        self.lm_head = Linear(weights.lm_head, None, dtype, plan, dev)
+        self.lm_head = Linear(weights.lm_head, None, dtype, plan, dev, weights.lm_head_blocks)
         self.rope = RotaryEmbedding(c, max_positions or c.max_position, dtype, dev)
 
     def resize_rope(self, max_positions: int) -> None:

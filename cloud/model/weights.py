@@ -6,10 +6,11 @@ Every loader (GGUF, Hugging Face directory) produces this: fp32 tensors in Huggi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from kernels.cpu.gguf_matmul import GGUFWeight
 from shared.errors import ModelLoadError
 
 from .config import ModelConfig
@@ -29,6 +30,9 @@ class LayerWeights:
     bq: torch.Tensor | None = None
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
+    # the file's own quantized blocks of the projections ("wq", "wk", ... as above, same row order),
+    # for kernels that read them (--weight-quant gguf); empty for unquantized files
+    blocks: dict[str, GGUFWeight] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -38,6 +42,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]; the same tensor as embed when tied
+    lm_head_blocks: GGUFWeight | None = None  # the file's blocks of the LM head, when quantized
 
     def check_shapes(self) -> None:
         """Raise ModelLoadError naming the first tensor whose shape disagrees with the config."""

@@ -1,10 +1,12 @@
-"""The engine with its Triton attention kernels (run by the interpreter on this CPU) against the
-engine's PyTorch attention, the reference: same logits at every step, same greedy tokens. Covers a
-fresh prefill, chunked prefill after a cached prefix, a prefix-cache hit, batched decode, and the
-int8 / fp8 KV caches. Kept to a few short steps: the interpreter is slow."""
+"""The engine with its attention kernels against the engine's PyTorch attention, the reference: same
+logits at every step, same greedy tokens. The Triton kernels (the GPU path; run by the interpreter
+on a CPU) and the compiled C++ CPU kernels. Covers a fresh prefill, chunked prefill after a cached
+prefix, a prefix-cache hit, batched decode, the int8 / int4 / fp8 KV caches and sparse attention.
+Kept to a few short steps: the interpreter is slow."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -14,9 +16,11 @@ from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.request import SamplingParams
 from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
+from kernels.cpu.paged_attention import available as cpu_kernels_available
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BASE = EngineConfig(
-    device="cpu",
+    device=DEVICE,
     dtype="float32",
     weight_quant="none",
     kv_cache_memory_gib=0.1,
@@ -57,7 +61,7 @@ def _run(loaded_model, kernels: str, **overrides) -> tuple[dict[str, list[int]],
 
 # fp8 keeps 3 mantissa bits: a last-bit difference between two exact attention sums can move a
 # later layer's key to the neighbouring fp8 value, so its logits agree less closely (seen: 0.034)
-TOLERANCE = {"auto": 2e-3, "int8": 2e-3, "fp8": 0.15}
+TOLERANCE = {"auto": 2e-3, "int8": 2e-3, "int4": 2e-3, "fp8": 0.15}
 # a budget of 3 blocks of 8 (one sink, one window, one chosen) is exceeded by every decode row
 SPARSE = {
     "attention": "sparse",
@@ -66,17 +70,31 @@ SPARSE = {
 }
 
 
+CASES = [
+    ("triton", "auto", {}),
+    ("triton", "int8", {}),
+    ("triton", "fp8", {}),
+    ("triton", "auto", SPARSE),
+    ("cpu", "auto", {}),
+    ("cpu", "int8", {}),
+    ("cpu", "int4", {}),
+    ("cpu", "auto", SPARSE),
+]
+
+
 @pytest.mark.parametrize(
-    "kv_dtype, overrides",
-    [("auto", {}), ("int8", {}), ("fp8", {}), ("auto", SPARSE)],
-    ids=["dense", "int8", "fp8", "sparse"],
+    "kernels, kv_dtype, overrides", CASES, ids=[f"{k}-{'sparse' if o else d}" for k, d, o in CASES]
 )
-def test_triton_kernels_give_the_reference_logits_in_the_engine(
-    loaded_model, kv_dtype: str, overrides
+def test_kernels_give_the_reference_logits_in_the_engine(
+    loaded_model, kernels: str, kv_dtype: str, overrides
 ) -> None:  # type: ignore[no-untyped-def]
+    if kernels == "cpu" and (DEVICE != "cpu" or not cpu_kernels_available()):
+        pytest.skip("the C++ kernels serve a CPU where they could be built")
+    if kernels == "triton" and DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton needs a GPU or the interpreter")
     ref_tokens, ref_logits = _run(loaded_model, "torch", kv_dtype=kv_dtype, **overrides)
-    tri_tokens, tri_logits = _run(loaded_model, "triton", kv_dtype=kv_dtype, **overrides)
-    assert tri_tokens == ref_tokens
-    assert len(tri_logits) == len(ref_logits)
-    for a, b in zip(tri_logits, ref_logits, strict=True):
+    got_tokens, got_logits = _run(loaded_model, kernels, kv_dtype=kv_dtype, **overrides)
+    assert got_tokens == ref_tokens
+    assert len(got_logits) == len(ref_logits)
+    for a, b in zip(got_logits, ref_logits, strict=True):
         torch.testing.assert_close(a, b, atol=TOLERANCE[kv_dtype], rtol=1e-3)

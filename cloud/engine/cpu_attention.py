@@ -1,0 +1,95 @@
+"""The attention backend on a CPU with the compiled kernels (kernels/cpu/paged_attention.py): decode
+rows read the paged cache in place, dequantize int8 / int4 codes in registers and attend over
+Quest's selected blocks without gathering them, threaded over (request, KV head, context split). It
+is the PyTorch backend it wraps everywhere else, and that stays the reference: prefill chunks (the
+flash kernel of PyTorch already reads a contiguous prefix), fp8 caches, sliding-window rows (their
+sinks are rotated), and sparse attention over a quantized cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu.paged_attention import paged_decode_cpu, paged_decode_quant_cpu, sparse_paged_decode_cpu
+
+from .attention import AnyKVCache, AttentionMetadata, DenseAttention
+from .fp8_kv_cache import Fp8KVCache
+from .kv_cache import KVCache
+from .quantized_kv_cache import QuantizedKVCache
+from .sparse_attention import SparseAttention
+
+
+class CpuKernelAttention:
+    def __init__(self, reference: DenseAttention | SparseAttention) -> None:
+        self.reference = reference
+        self.sparse = reference if isinstance(reference, SparseAttention) else None
+        self.dense = reference.dense if isinstance(reference, SparseAttention) else reference
+
+    def __call__(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: AnyKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        nd = meta.num_decode
+        if not nd or meta.decode_shift is not None or isinstance(cache, Fp8KVCache):
+            return self.reference(layer, q, k, v, cache, meta)
+        tables, lens = meta.decode_blocks, meta.decode_lens
+        if tables is None or lens is None:
+            raise ValueError("decode rows without block tables or lengths in the attention metadata")
+        decode = self._decode(layer, q[:nd], cache, tables, lens)
+        if decode is None:
+            return self.reference(layer, q, k, v, cache, meta)
+        if not meta.prefills:
+            return decode
+        out = self.reference(layer, q, k, v, cache, meta)  # prefill rows; its decode rows are replaced
+        out[:nd] = decode
+        return out
+
+    def _decode(
+        self, layer: int, q: torch.Tensor, cache: AnyKVCache, tables: torch.Tensor, lens: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Decode rows with the kernels, or None where the reference must run."""
+        scale = self.dense.scale
+        s = self.sparse
+        sparse = s is not None and layer >= s.config.dense_layers
+        if isinstance(cache, QuantizedKVCache):
+            if sparse:
+                return None
+            return paged_decode_quant_cpu(
+                q,
+                cache.kq[layer],
+                cache.vq[layer],
+                cache.summaries.kmin[layer],
+                cache.summaries.kmax[layer],
+                cache.vscale[layer],
+                cache.vzero[layer],
+                cache.stage_of,
+                cache.stage_k[layer],
+                cache.stage_v[layer],
+                tables,
+                lens,
+                scale,
+                cache.bits,
+            )
+        if not isinstance(cache, KVCache):
+            return None
+        kc, vc = cache.blocks_view(layer)
+        if not sparse or s is None:
+            return paged_decode_cpu(q, kc, vc, tables, lens, scale)
+        # Quest's selection (the PyTorch bound, two small matmuls), then attention over the picked
+        # blocks in place; a row within the budget attends densely, as the reference does
+        out = torch.empty_like(q)
+        over = lens > s.config.budget
+        rows = over.nonzero().squeeze(1)
+        if rows.numel():
+            sel, keep = s.select(layer, q[rows], cache, tables[rows], lens[rows])
+            selected = torch.where(keep, sel, -1).to(torch.int32)
+            out[rows] = sparse_paged_decode_cpu(q[rows], kc, vc, tables[rows], selected, lens[rows], scale)
+        rest = (~over).nonzero().squeeze(1)
+        if rest.numel():
+            out[rest] = paged_decode_cpu(q[rest], kc, vc, tables[rest], lens[rest], scale)
+        return out

@@ -1,0 +1,71 @@
+"""Build and load a C++ extension once per machine (torch.utils.cpp_extension), into
+`$CTXFUSE_HOME/ext/<name>-<hash of the sources and flags>` (default ~/.cache/ctxfuse): a changed
+source builds afresh, an unchanged one loads in milliseconds.
+
+The code is compiled portably (no -march=native): functions that need AVX2 or AVX-512 carry
+`__attribute__((target(...)))` and are chosen at run time from the CPU's flags, so one build runs on
+every x86-64 machine of a fleet. Where the build fails (no compiler, no headers) `load_extension`
+warns once, naming the reason, and returns None: callers keep their PyTorch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+CFLAGS = ("-O3", "-std=c++17", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
+
+def _root() -> Path:
+    # the same rule as shared/home.py (kernels import nothing of ours)
+    return Path(os.environ.get("CTXFUSE_HOME") or Path.home() / ".cache" / "ctxfuse") / "ext"
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the pip package's binary is not there unless the
+    virtual environment is activated."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = str(Path(ninja.BIN_DIR))
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+@cache
+def load_extension(name: str, *sources: Path) -> ModuleType | None:
+    """The compiled module, or None (with a warning) when it cannot be built here."""
+    from torch.utils.cpp_extension import load
+
+    _ninja_on_path()
+    digest = hashlib.sha256()
+    for src in sources:
+        digest.update(src.read_bytes())
+    digest.update(" ".join((*CFLAGS, *LDFLAGS, torch.__version__)).encode())
+    build = _root() / f"{name}-{digest.hexdigest()[:16]}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(
+            name=name,
+            sources=[str(s) for s in sources],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=str(build),
+            verbose=False,
+        )
+    except Exception as exc:  # a missing compiler or header: the PyTorch path still serves
+        warnings.warn(
+            f"ctxfuse: the C++ kernels {name!r} could not be built ({type(exc).__name__}: {exc}); "
+            "using the PyTorch path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
