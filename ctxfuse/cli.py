@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -258,6 +259,13 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
                 raise  # a bug of ours, not a missing extra
             raise MissingExtra(c, exc.name or "?") from exc
     return parser
+
+
+# PyTorch's OpenMP threads spin for a while after each of its parallel ops; on a CPU with few cores
+# that spinning takes the cores our compiled kernels' own pool needs between two ops (a decode step
+# of the default model ran at ~70 tok/s with libgomp's default spin, ~120 with a short one). Set
+# before torch is imported (libgomp reads it once); a user's own setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,7 +158,7 @@ def plan_weights(
     the fastest for prefill-sized steps (compute-bound: a few weights suffice).
 
     gguf_blocks: the quantized format of the model file's projections (e.g. "Q4_1"), when it has
-    one: then the GGUF kernel, whose math is the float32 reference's, is a candidate of `auto`."""
+    one: then `auto` chooses between the GGUF kernel and float32, whose math it shares."""
     if weight_quant == "none":
         return WeightPlan.single(dtype_name)  # type: ignore[arg-type]
     if weight_quant != "auto":
@@ -182,8 +182,10 @@ def plan_weights(
         # choice does not flip between runs on timing noise
         return best if cost[best] < (1 - AUTO_MARGIN) * cost["float32"] else "float32"
 
-    small = fastest(AUTO_SMALL_KERNELS, 1, weights)
-    large = fastest(AUTO_LARGE_KERNELS, 256, weights[:4])
+    # with the file's blocks there is an exact fast path: then auto keeps to exact kernels (greedy
+    # output identical in kind to the float32 reference's) rather than trading agreement for speed
+    small = fastest(("float32",) if with_gguf else AUTO_SMALL_KERNELS, 1, weights)
+    large = fastest(("float32",) if with_gguf else AUTO_LARGE_KERNELS, 256, weights[:4])
     return WeightPlan.single(small) if small == large else WeightPlan(small, large, AUTO_SMALL_MAX_TOKENS)
 
 

@@ -19,8 +19,8 @@ from types import ModuleType
 
 import torch
 
-CFLAGS = ("-O3", "-std=c++17", "-fopenmp")
-LDFLAGS = ("-fopenmp",)
+CFLAGS = ("-O3", "-std=c++17", "-pthread")  # threads: thread_pool.h (no OpenMP)
+LDFLAGS = ("-pthread",)
 
 
 def _root() -> Path:
@@ -47,7 +47,9 @@ def load_extension(name: str, *sources: Path) -> ModuleType | None:
 
     _ninja_on_path()
     digest = hashlib.sha256()
-    for src in sources:
+    # the sources and every header beside them (thread_pool.h), so a changed header rebuilds too
+    headers = sorted({h for src in sources for h in src.parent.glob("*.h")})
+    for src in (*sources, *headers):
         digest.update(src.read_bytes())
     digest.update(" ".join((*CFLAGS, *LDFLAGS, torch.__version__)).encode())
     build = _root() / f"{name}-{digest.hexdigest()[:16]}"

@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "thread_pool.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #define CTXFUSE_X86 1
 #include <immintrin.h>
@@ -47,7 +49,8 @@ namespace {
 constexpr int64_t kBlock = 32;            // weights a block, every format
 constexpr int64_t kGemvMaxRows = 4;       // m at or below: the GEMV path
 constexpr int kGemvGroup = 4;             // rows of x dotted with one unpacked block
-constexpr int64_t kGemvGrain = 16;        // output rows a thread takes at least
+constexpr int64_t kChunksPerThread = 4;  // GEMV chunks handed out per thread (dynamically)
+constexpr int64_t kGemvGrain = 16;        // output rows a chunk holds at least
 constexpr int kMR = 4;                    // rows of x in the tiled micro-kernel
 constexpr int64_t kTileBytes = 32 << 10;  // a tile's fp32 weights over one k-chunk (L1-sized)
 constexpr int64_t kChunk = 640;           // k at most, a pass of the micro-kernel
@@ -441,11 +444,18 @@ const Kernels* g_kernels = detect();
 // ---------------------------------------------------------------------------------------------------
 // The two paths (grids and memory in the header comment).
 
+// Output rows a chunk of the GEMV and dequantize grids: a few chunks a thread, handed out
+// dynamically (a thread that starts late takes fewer), at least kGemvGrain rows.
+int64_t gemv_chunk(int64_t n) {
+  const int64_t threads = ctxfuse_pool::num_threads();
+  return std::max(kGemvGrain, (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+}
+
 void run_gemv(const Kernels& kern, QType t, const uint8_t* w, int64_t row_bytes, int64_t n, const float* x,
               int64_t m, int64_t k, float* out) {
   const int64_t nb = k / kBlock;
   const GemvFn* gemv = kern.gemv[static_cast<int>(t)];
-  at::parallel_for(0, n, kGemvGrain, [&](int64_t n0, int64_t n1) {
+  ctxfuse_pool::parallel_for(n, gemv_chunk(n), [&](int64_t n0, int64_t n1, int) {
     for (int64_t r0 = 0; r0 < m; r0 += kGemvGroup) {
       const int64_t rows = std::min<int64_t>(kGemvGroup, m - r0);
       gemv[rows - 1](w, row_bytes, nb, n0, n1, x + r0 * k, k, out + r0 * n, n);
@@ -462,7 +472,9 @@ void run_tiled(const Kernels& kern, QType t, const uint8_t* w, int64_t row_bytes
   const int64_t tile = std::max<int64_t>(1, kTileBytes / (kc * 4 * nr)) * nr;
   const int64_t tiles = (n + tile - 1) / tile;
   const DequantFn dequant = kern.dequant[static_cast<int>(t)];
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+  // one contiguous run of tiles a thread (as at::parallel_for split them)
+  const int64_t threads = std::min<int64_t>(ctxfuse_pool::num_threads(), tiles);
+  ctxfuse_pool::parallel_for(tiles, (tiles + threads - 1) / threads, [&](int64_t t0, int64_t t1, int) {
     // [tile, k] fp32; zeroed once so the rows past a short last tile are finite
     std::vector<float> scratch(tile * k, 0.0f);
     for (int64_t x0 = 0; x0 < m; x0 += kXRows) {  // a block of x stays in L2 through the thread's tiles
@@ -519,7 +531,7 @@ at::Tensor dequantize(const at::Tensor& w, int64_t qtype, int64_t k) {
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const DequantFn dequant = g_kernels->dequant[static_cast<int>(t)];
-  at::parallel_for(0, n, kGemvGrain, [&](int64_t n0, int64_t n1) {
+  ctxfuse_pool::parallel_for(n, gemv_chunk(n), [&](int64_t n0, int64_t n1, int) {
     dequant(wp + n0 * row_bytes, row_bytes, n1 - n0, k / kBlock, op + n0 * k);
   });
   return out;
@@ -550,8 +562,10 @@ void set_isa(const std::string& name) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("linear", &linear, "x [m, k] fp32 @ GGUF blocks [n, row_bytes]^T -> [m, n] fp32");
-  mod.def("dequantize", &dequantize, "GGUF blocks [n, row_bytes] -> [n, k] fp32");
+  // the GIL is released while a kernel runs: the serving loop's Python thread goes on meanwhile
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  mod.def("linear", &linear, "x [m, k] fp32 @ GGUF blocks [n, row_bytes]^T -> [m, n] fp32", nogil);
+  mod.def("dequantize", &dequantize, "GGUF blocks [n, row_bytes] -> [n, k] fp32", nogil);
   mod.def("isa", &isa, "the ISA path in use");
   mod.def("supported_isas", &supported_isas, "the ISA paths this CPU can run, widest first");
   mod.def("set_isa", &set_isa, "use another supported ISA path (tests, benchmarks)");

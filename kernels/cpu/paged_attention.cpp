@@ -47,6 +47,8 @@
 #include <limits>
 #include <vector>
 
+#include "thread_pool.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #define PA_X86 1
 #include <immintrin.h>
@@ -412,12 +414,15 @@ at::Tensor run(Problem& p, int64_t isa) {
   const Layout lay(p.group, p.head_dim, p.block_size);
   float* o = out.data_ptr<float>();
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min(threads, n_items)));
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    std::vector<float> scratch(lay.total);  // once per thread and call, never per token
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i) fn(p, pl.items[i], scratch.data(), o, parts.data());
-  }
+  std::vector<std::vector<float>> scratch(nt);  // once per thread and call, never per token
+  ctxfuse_pool::parallel_for(
+      n_items, 1,
+      [&](int64_t i0, int64_t i1, int t) {
+        std::vector<float>& s = scratch[t];
+        if (s.empty()) s.resize(lay.total);
+        for (int64_t i = i0; i < i1; ++i) fn(p, pl.items[i], s.data(), o, parts.data());
+      },
+      nt);
   merge(p, pl, parts.data(), o);
   return out;
 }
@@ -501,10 +506,13 @@ at::Tensor paged_decode_quant(const at::Tensor& q, const at::Tensor& kq, const a
 }  // namespace pa
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("paged_decode", &pa::paged_decode, "dense paged decode attention -> [b, H, d] fp32");
-  mod.def("paged_decode_quant", &pa::paged_decode_quant, "int8 / int4 paged decode -> [b, H, d] fp32");
+  // the GIL is released while a kernel runs: the serving loop's Python thread goes on meanwhile
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  mod.def("paged_decode", &pa::paged_decode, "dense paged decode attention -> [b, H, d] fp32", nogil);
+  mod.def("paged_decode_quant", &pa::paged_decode_quant, "int8 / int4 paged decode -> [b, H, d] fp32",
+          nogil);
   mod.def("sparse_paged_decode", &pa::sparse_paged_decode,
-          "block-sparse paged decode -> [b, H, d] fp32");
+          "block-sparse paged decode -> [b, H, d] fp32", nogil);
   mod.def("best_isa", &pa::best_isa, "1 scalar, 2 AVX2, 3 AVX-512: the best this CPU runs");
 }
 
