@@ -46,15 +46,15 @@ def load_extension(name: str, *sources: Path) -> ModuleType | None:
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()
-    digest = hashlib.sha256()
-    # the sources and every header beside them (thread_pool.h), so a changed header rebuilds too
-    headers = sorted({h for src in sources for h in src.parent.glob("*.h")})
-    for src in (*sources, *headers):
-        digest.update(src.read_bytes())
-    digest.update(" ".join((*CFLAGS, *LDFLAGS, torch.__version__)).encode())
-    build = _root() / f"{name}-{digest.hexdigest()[:16]}"
-    build.mkdir(parents=True, exist_ok=True)
     try:
+        digest = hashlib.sha256()
+        # the sources and every header beside them (thread_pool.h), so a changed header rebuilds too
+        headers = sorted({h for src in sources for h in src.parent.glob("*.h")})
+        for src in (*sources, *headers):
+            digest.update(src.read_bytes())
+        digest.update(" ".join((*CFLAGS, *LDFLAGS, torch.__version__)).encode())
+        build = _root() / f"{name}-{digest.hexdigest()[:16]}"
+        build.mkdir(parents=True, exist_ok=True)
         return load(
             name=name,
             sources=[str(s) for s in sources],
@@ -63,7 +63,7 @@ def load_extension(name: str, *sources: Path) -> ModuleType | None:
             build_directory=str(build),
             verbose=False,
         )
-    except Exception as exc:  # a missing compiler or header: the PyTorch path still serves
+    except Exception as exc:  # a missing compiler, header or source: the PyTorch path still serves
         warnings.warn(
             f"ctxfuse: the C++ kernels {name!r} could not be built ({type(exc).__name__}: {exc}); "
             "using the PyTorch path",
