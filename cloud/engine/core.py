@@ -9,7 +9,6 @@ requests it carried; the core keeps serving.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,14 +23,12 @@ from cloud.model.llama import LlamaModel
 from cloud.model.loading import LoadedModel, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
-from kernels.cpu.paged_attention import available as cpu_kernels_available
 from shared.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 
-from .attention import AttentionBackend, DenseAttention
+from .attention_choice import make_attention, use_triton
 from .block_events import BlockEventLog
 from .block_pool import BlockPool
 from .config import EngineConfig
-from .cpu_attention import CpuKernelAttention
 from .cuda_graphs import CudaGraphs, eligible
 from .kv_cache import KVCache
 from .memory import make_kv_cache, plan_kv
@@ -43,7 +40,6 @@ from .request import ChatPrompt, FinishReason, ImageSpan, Request, SamplingParam
 from .runner import ModelRunner
 from .sampler import Sampler, SampleResult
 from .scheduler import Scheduler, SchedulerConfig, TokenEvent
-from .sparse_attention import SparseAttention
 
 
 @dataclass(slots=True)
@@ -68,18 +64,6 @@ class EngineStats:
     prefix_hit_tokens: int
     grammar_cache_hits: int = 0
     grammar_cache_misses: int = 0  # grammars compiled
-
-
-def use_triton(kernels: str, device: torch.device) -> bool:
-    """Whether attention runs the Triton kernels: on a GPU by default; on a CPU only when asked and
-    under the interpreter (slow: for tests)."""
-    if kernels in ("torch", "cpu") or (kernels == "auto" and device.type != "cuda"):
-        return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise InvalidRequestError(
-            "--attention-kernels triton needs a CUDA GPU (or TRITON_INTERPRET=1 on a CPU, for tests)"
-        )
-    return True
 
 
 class EngineCore:
@@ -153,7 +137,7 @@ class EngineCore:
         self.runner = ModelRunner(
             self.model,
             self.cache,
-            self._attention(),
+            make_attention(config, c, self.model.rope, self.kv_plan.block_size, device),
             self.sampler,
             self.overflow.sink_blocks,
             config.max_num_seqs,
@@ -212,23 +196,6 @@ class EngineCore:
         return None
 
     # -- submission -------------------------------------------------------------------------
-
-    def _attention(self) -> AttentionBackend:
-        c = self.model_config
-        dense = DenseAttention(c.num_heads, c.num_kv_heads, c.head_dim, self.model.rope)
-        backend: DenseAttention | SparseAttention = dense
-        if self.config.attention == "sparse":
-            backend = SparseAttention(dense, self.config.sparse, self.kv_plan.block_size)
-        kernels = self.config.attention_kernels
-        if use_triton(kernels, self.device):
-            from .triton_attention import TritonAttention  # defines kernels: only where they can run
-
-            return TritonAttention(backend)
-        if self.device.type == "cpu" and kernels in ("auto", "cpu") and cpu_kernels_available():
-            return CpuKernelAttention(backend)
-        if kernels == "cpu":
-            raise InvalidRequestError("--attention-kernels cpu: the C++ kernels could not be built here")
-        return backend
 
     def encode_chat(
         self,

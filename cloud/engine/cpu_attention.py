@@ -12,19 +12,14 @@ import torch
 
 from kernels.cpu.paged_attention import paged_decode_cpu, paged_decode_quant_cpu, sparse_paged_decode_cpu
 
-from .attention import AnyKVCache, AttentionMetadata, DenseAttention
+from .attention import AnyKVCache, AttentionMetadata
 from .fp8_kv_cache import Fp8KVCache
+from .kernel_attention import KernelAttention
 from .kv_cache import KVCache
 from .quantized_kv_cache import QuantizedKVCache
-from .sparse_attention import SparseAttention
 
 
-class CpuKernelAttention:
-    def __init__(self, reference: DenseAttention | SparseAttention) -> None:
-        self.reference = reference
-        self.sparse = reference if isinstance(reference, SparseAttention) else None
-        self.dense = reference.dense if isinstance(reference, SparseAttention) else reference
-
+class CpuKernelAttention(KernelAttention):
     def __call__(
         self,
         layer: int,
@@ -45,8 +40,9 @@ class CpuKernelAttention:
             return self.reference(layer, q, k, v, cache, meta)
         if not meta.prefills:
             return decode
-        out = self.reference(layer, q, k, v, cache, meta)  # prefill rows; its decode rows are replaced
+        out = torch.empty_like(q)
         out[:nd] = decode
+        self.prefill_rows(layer, q, k, v, cache, meta, out)
         return out
 
     def _decode(
@@ -55,7 +51,7 @@ class CpuKernelAttention:
         """Decode rows with the kernels, or None where the reference must run."""
         scale = self.dense.scale
         s = self.sparse
-        sparse = s is not None and layer >= s.config.dense_layers
+        sparse = self.sparse_layer(layer)
         if isinstance(cache, QuantizedKVCache):
             if sparse:
                 return None

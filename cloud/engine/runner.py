@@ -105,16 +105,17 @@ class ModelRunner:
             ids.extend(c.token_ids)
             pos.append(p)
             slots.append(blocks[p // bs] * bs + p % bs)
-        ctx = [c.start_pos + 1 - self._dropped(c, row) for c, row in decode]
         shifts = [self._dropped(c, row) for c, row in decode]
+        ctx = [c.start_pos + 1 - dropped for (c, _), dropped in zip(decode, shifts, strict=True)]
         logits_rows, sample_rows, sample_index, prompt_rows = self._logit_rows(decode + prefill)
         steps = [len(r.token_ids) - r.num_prompt_tokens for r in sample_rows]
         seqs_host = []
         row_at = len(decode)
         for c, row in prefill:
             n = len(c.token_ids)
-            start = c.start_pos - self._dropped(c, row)  # in the compacted context: sinks, then the window
-            seqs_host.append((row_at, n, start, row, -(-(start + n) // bs), self._dropped(c, row)))
+            dropped = self._dropped(c, row)
+            start = c.start_pos - dropped  # in the compacted context: sinks, then the window
+            seqs_host.append((row_at, n, start, row, -(-(start + n) // bs), dropped))
             row_at += n
         writes = self.batch.take_table_writes()
         parts = {

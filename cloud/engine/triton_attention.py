@@ -22,19 +22,14 @@ from kernels.triton.paged_decode_quant import paged_decode_quant
 from kernels.triton.paged_prefill import paged_prefill
 from kernels.triton.sparse_decode import quest_select, sparse_paged_decode
 
-from .attention import AnyKVCache, AttentionMetadata, DenseAttention, PrefillSeq
+from .attention import AnyKVCache, AttentionMetadata
 from .fp8_kv_cache import Fp8KVCache
+from .kernel_attention import KernelAttention
 from .kv_cache import KVCache
 from .quantized_kv_cache import QuantizedKVCache
-from .sparse_attention import SparseAttention
 
 
-class TritonAttention:
-    def __init__(self, reference: DenseAttention | SparseAttention) -> None:
-        self.reference = reference
-        self.sparse = reference if isinstance(reference, SparseAttention) else None
-        self.dense = reference.dense if isinstance(reference, SparseAttention) else reference
-
+class TritonAttention(KernelAttention):
     def __call__(
         self,
         layer: int,
@@ -46,47 +41,19 @@ class TritonAttention:
     ) -> torch.Tensor:
         if meta.decode_shift is not None or any(s.sink_shift for s in meta.prefills):
             return self.reference(layer, q, k, v, cache, meta)
-        sparse = self._sparse_layer(layer, cache)
+        sparse = self.sparse_layer(layer)
         out = torch.empty_like(q)
         nd = meta.num_decode
         if nd:
             out[:nd] = self._decode(layer, q[:nd], cache, meta, sparse)
         if meta.prefills:
-            past_budget = sparse and any(s.start_pos > self._budget() for s in meta.prefills)
+            budget = self.sparse.config.budget if self.sparse is not None else 0
+            past_budget = sparse and any(s.start_pos > budget for s in meta.prefills)
             if type(cache) is KVCache and meta.prefill_cu_q is not None and not past_budget:
                 self._prefill(layer, q[nd:], cache, meta, out[nd:])
             else:
-                for seq in meta.prefills:
-                    rows = slice(seq.q_start, seq.q_start + seq.q_len)
-                    ref = self.sparse if sparse and self.sparse is not None else self.dense
-                    out[rows] = self._reference_prefill(
-                        ref, layer, q[rows], k[rows], v[rows], cache, seq, meta
-                    )
+                self.prefill_rows(layer, q, k, v, cache, meta, out)
         return out
-
-    def _budget(self) -> int:
-        return self.sparse.config.budget if self.sparse is not None else 0
-
-    def _sparse_layer(self, layer: int, cache: AnyKVCache) -> bool:
-        s = self.sparse
-        return s is not None and layer >= s.config.dense_layers
-
-    @staticmethod
-    def _reference_prefill(
-        ref: DenseAttention | SparseAttention,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: AnyKVCache,
-        seq: PrefillSeq,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        if isinstance(ref, SparseAttention):
-            if seq.start_pos <= ref.config.budget:
-                return ref.dense.prefill(layer, q, k, v, cache, seq, meta.sink_tokens)
-            return ref._prefill(layer, q, k, v, cache, seq, meta.sink_tokens)
-        return ref.prefill(layer, q, k, v, cache, seq, meta.sink_tokens)
 
     def _decode(
         self, layer: int, q: torch.Tensor, cache: AnyKVCache, meta: AttentionMetadata, sparse: bool

@@ -22,13 +22,12 @@ plus one table entry per token, and writes G * (d + 1) fp32: partial out [b, H, 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from .split_reduce import merge_splits
+from .split_reduce import merge_splits, sm_count
 
 TILE_TOKENS = 32  # context tokens per loop iteration (a tile may span blocks or part of a block)
 MAX_SPLITS = 64
@@ -141,11 +140,6 @@ def _paged_decode_kernel(
     tl.store(partial_lse + req * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
 
 
-@lru_cache(maxsize=8)
-def _sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
 def default_num_splits(
     batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device
 ) -> int:
@@ -155,7 +149,7 @@ def default_num_splits(
     max_tiles = max(1, -(-max_blocks * block_size // TILE_TOKENS))
     if device.type != "cuda":
         return min(2, max_tiles)
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     want = -(-4 * sms // max(1, batch * kv_heads))
     return max(1, min(want, max_tiles, MAX_SPLITS))
 

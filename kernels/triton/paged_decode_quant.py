@@ -25,7 +25,6 @@ slots and context lengths are not range-checked; table entries past ceil(len / b
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -33,14 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .split_reduce import merge_splits
+from .split_reduce import merge_splits, sm_count
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _INDICES = (torch.int32, torch.int64)
 _HEAD_DIMS = (64, 128)
 _MAX_SPLITS = 64
 _PROGRAMS_PER_SM = 4
-_H200_SMS = 132
 
 
 @triton.jit
@@ -176,18 +174,13 @@ def _paged_decode_quant_kernel(
         tl.store(part_lse + row * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
 
 
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def default_num_splits(batch: int, num_kv_heads: int, max_blocks: int, device: torch.device) -> int:
     """Splits per (request, KV head), from shapes only: enough programs to fill the GPU about
     _PROGRAMS_PER_SM deep, at most one split per table block and _MAX_SPLITS; 1 off CUDA (the
     interpreter runs programs one by one)."""
     if device.type != "cuda":
         return 1
-    sms = _sm_count(device) if torch.cuda.is_available() else _H200_SMS
+    sms = sm_count(device)
     want = triton.cdiv(sms * _PROGRAMS_PER_SM, max(batch * num_kv_heads, 1))
     return max(1, min(want, max_blocks, _MAX_SPLITS))
 

@@ -9,9 +9,26 @@ S * (d + 1) fp32 values and writes d outputs.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import triton
 import triton.language as tl
+
+H200_SMS = 132  # what split counts are sized for where torch sees no GPU (tests, the interpreter)
+
+
+@cache
+def _device_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (read once), by which split-KV kernels size their
+    grids; an H200's count where torch sees no GPU."""
+    if not torch.cuda.is_available():
+        return H200_SMS
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @triton.jit

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from cloud.engine import device as device_mod
+from cloud.engine.attention_choice import use_triton
 from cloud.engine.config import EngineConfig
-from cloud.engine.core import use_triton
 from cloud.engine.cuda_graphs import capture_sizes, eligible, padded_size
 from cloud.engine.device import default_dtype, resolve_device
 from cloud.engine.kv_cache import KVCache
