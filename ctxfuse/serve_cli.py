@@ -50,6 +50,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         device_max_in_flight=args.device_max_in_flight,
         data_dir=args.data_dir,
         vision=vision_options(args),
+        engine_process=not args.engine_in_process,
     )
     try:
         fleet = fleet_config(args)
@@ -108,6 +109,12 @@ def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     from ctxfuse.vision_cli import add_image_options
 
     add_gateway_options(sv)
+    sv.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="step the engine on a thread of the gateway's process instead of in a process of its own "
+        "(the default: the HTTP side and the engine then never wait on one GIL)",
+    )
     add_edge_listener_options(sv)
     add_batch_options(sv)
     add_image_options(sv)

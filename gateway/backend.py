@@ -82,6 +82,11 @@ class InProcessBackend:
     def from_config(cls, config: EngineConfig) -> InProcessBackend:
         return cls(AsyncEngine(EngineCore(config)))
 
+    @property
+    def describe(self) -> tuple[str, ...]:
+        """The lines `serve` prints at start-up: the device and the KV plan."""
+        return (self.engine.core.describe_device(), self.engine.core.kv_plan.describe())
+
     def encode_chat(
         self,
         messages: list[dict[str, Any]],

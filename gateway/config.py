@@ -20,6 +20,8 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 2**20  # larger bodies get a 413 before they are read
     shutdown_timeout_s: float = 30.0  # on SIGTERM: how long running requests may take to finish
     log_level: str = "info"
+    # serve's engine core in a process of its own (engine_process.py), else on a thread of this one
+    engine_process: bool = True
     # the edge listener (mutual TLS, edge routes only); off unless a port is given
     edge_host: str = "0.0.0.0"
     edge_port: int | None = None

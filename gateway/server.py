@@ -24,6 +24,7 @@ from .backend import Backend, InProcessBackend
 from .chunk_store import ChunkStore
 from .config import GatewayConfig
 from .logs import configure_logging
+from .process_backend import ProcessBackend
 from .state import Gateway
 from .worker_routes import WorkerEngine
 
@@ -127,12 +128,16 @@ def serve(engine_config: EngineConfig, config: GatewayConfig, worker: bool = Fal
             file=sys.stderr,
         )
     print("ctxfuse: loading the model ...", file=sys.stderr, flush=True)
-    backend = InProcessBackend.from_config(engine_config)
-    core = backend.engine.core
-    print(f"ctxfuse: {core.describe_device()}", file=sys.stderr, flush=True)
-    print(f"ctxfuse: {core.kv_plan.describe()}", file=sys.stderr, flush=True)
+    backend: InProcessBackend | ProcessBackend
+    engine = None
+    if worker or not config.engine_process:  # a worker's routes read the core's block events directly
+        backend = InProcessBackend.from_config(engine_config)
+        engine = WorkerEngine.of(backend.engine.core) if worker else None
+    else:
+        backend = ProcessBackend(engine_config)
+    for line in backend.describe:
+        print(f"ctxfuse: {line}", file=sys.stderr, flush=True)
     store = open_chunk_store(config) if config.edge_port is not None else None
-    engine = WorkerEngine.of(backend.engine.core) if worker else None
     server = build_server(backend, config, chunk_store=store, worker=engine)
     try:
         run_servers(server)

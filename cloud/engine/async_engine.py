@@ -1,6 +1,7 @@
-"""The serving loop: the engine core steps in its own thread; callers submit and iterate outputs
-from asyncio. A slow consumer never stalls the batch (outputs queue up per request), and a consumer
-that stops iterating (a client that went away) aborts its request, which frees its blocks at once.
+"""The serving loop: the engine core steps in its own thread (or, in an engine process, on the main
+thread: engine_process.py); callers submit and iterate outputs from asyncio. A slow consumer never
+stalls the batch (outputs queue up per request), and a consumer that stops iterating (a client that
+went away) aborts its request, which frees its blocks at once.
 
 Commands (add, abort) reach the loop through a thread-safe queue and are applied between steps,
 so the core itself stays single-threaded.
@@ -20,12 +21,16 @@ from xgrammar import CompiledGrammar
 
 from .config import EngineConfig
 from .core import EngineCore, EngineStats
+from .memory import release_free_heap
 from .output import RequestOutput
 from .request import ImageSpan, SamplingParams
 
 log = structlog.get_logger("ctxfuse.engine")
 
 Sink = Callable[[RequestOutput], None]
+
+
+Accepted = Callable[[Exception | None], None]  # called on the engine thread: None, or the refusal
 
 
 @dataclass(slots=True)
@@ -35,10 +40,9 @@ class _Add:
     params: SamplingParams
     priority: int
     sink: Sink
-    accepted: threading.Event
+    accepted: Accepted
     grammar: CompiledGrammar | None = None
     image_spans: tuple[ImageSpan, ...] = ()
-    error: Exception | None = None
 
 
 @dataclass(slots=True)
@@ -46,19 +50,14 @@ class _Abort:
     request_id: str
 
 
-class RequestStream:
-    """The outputs of one accepted request, carried from the engine thread into the caller's event
-    loop. Closing it before every choice has finished aborts the request (freeing its blocks)."""
+class OutputStream:
+    """A request's outputs in the caller's event loop, iterated until each of its n choices has
+    finished; another thread feeds it through the loop (call_soon_threadsafe)."""
 
-    def __init__(self, engine: AsyncEngine, n: int) -> None:
-        self.request_id = ""
-        self._engine = engine
+    def __init__(self, n: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._remaining = n
-
-    def sink(self, out: RequestOutput) -> None:  # called on the engine thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+        self._remaining = n  # choices not yet finished, as the caller has seen them
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -70,6 +69,19 @@ class RequestStream:
                 self._remaining -= 1
             yield out
 
+
+class RequestStream(OutputStream):
+    """The outputs of one accepted request, carried from the engine thread into the caller's event
+    loop. Closing it before every choice has finished aborts the request (freeing its blocks)."""
+
+    def __init__(self, engine: AsyncEngine, n: int) -> None:
+        super().__init__(n)
+        self.request_id = ""
+        self._engine = engine
+
+    def sink(self, out: RequestOutput) -> None:  # called on the engine thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+
     def close(self) -> None:
         """Abort the request if any choice is unfinished; safe to call more than once."""
         if self._remaining and self.request_id:
@@ -78,14 +90,26 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, core: EngineCore) -> None:
+    """`thread`: step on a thread of its own (else the owner calls `run`). `after_iteration`: called on
+    the engine thread after each pass of the loop (commands applied, a step delivered), where an
+    engine process sends what the pass produced."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        thread: bool = True,
+        after_iteration: Callable[[], None] | None = None,
+    ) -> None:
         self.core = core
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ctxfuse-grammar")
-        self._thread = threading.Thread(target=self._loop, name="ctxfuse-engine", daemon=True)
+        self._after_iteration = after_iteration
+        self._thread = threading.Thread(target=self.run, name="ctxfuse-engine", daemon=True)
         self._stopped = False
-        self._thread.start()
+        if thread:
+            self._thread.start()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -111,12 +135,35 @@ class AsyncEngine:
         self.core.check(prompt_token_ids, params)
         if grammar is None:
             grammar = self.core.compile_grammar(params)
-        cmd = _Add(rid, prompt_token_ids, params, priority, sink, threading.Event(), grammar, image_spans)
-        self._commands.put(cmd)
-        cmd.accepted.wait()
-        if cmd.error is not None:
-            raise cmd.error
+        done = threading.Event()
+        refusal: list[Exception | None] = [None]
+
+        def accepted(error: Exception | None) -> None:
+            refusal[0] = error
+            done.set()
+
+        self.enqueue(rid, prompt_token_ids, params, sink, accepted, priority, grammar, image_spans)
+        done.wait()
+        if refusal[0] is not None:
+            raise refusal[0]
         return rid
+
+    def enqueue(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        accepted: Accepted,
+        priority: int = 0,
+        grammar: CompiledGrammar | None = None,
+        image_spans: tuple[ImageSpan, ...] = (),
+    ) -> None:
+        """Queue a request without waiting: `accepted` hears, on the engine thread, whether the core
+        took it (None) or refused it (the error). `grammar` must already be compiled when asked for."""
+        self._commands.put(
+            _Add(request_id, prompt_token_ids, params, priority, sink, accepted, grammar, image_spans)
+        )
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -197,7 +244,8 @@ class AsyncEngine:
         if not self._stopped:
             self._stopped = True
             self._commands.put(None)
-            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._thread.join(timeout)
             self._grammar_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- engine thread ------------------------------------------------------------------------
@@ -213,10 +261,11 @@ class AsyncEngine:
                     cmd.grammar,
                     cmd.image_spans,
                 )
-                self._sinks[cmd.request_id] = cmd.sink
             except Exception as exc:  # refused: the submitter re-raises it
-                cmd.error = exc
-            cmd.accepted.set()
+                cmd.accepted(exc)
+                return
+            self._sinks[cmd.request_id] = cmd.sink
+            cmd.accepted(None)
         else:
             self._deliver(self.core.abort(cmd.request_id))
 
@@ -243,17 +292,24 @@ class AsyncEngine:
             except queue.Empty:
                 return cmds
 
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """The loop: apply commands, step while there is work, sleep when idle; until shutdown."""
+        worked = False
         while True:
-            for cmd in self._drain(block=not self.core.has_work()):  # sleep only when idle
+            idle = not self.core.has_work()
+            if idle and worked:  # give back what the steps' activations left on the heap
+                release_free_heap()
+            worked = not idle
+            for cmd in self._drain(block=idle):  # sleep only when idle
                 if cmd is None:
                     return
                 self._apply(cmd)
-            if not self.core.has_work():
-                continue
-            try:
-                outputs = self.core.step()
-            except Exception as exc:  # the core fails a bad step's requests itself; this is a last guard
-                log.exception("engine_step_failed")
-                outputs = self.core.fail_all(exc)
-            self._deliver(outputs)
+            if self.core.has_work():
+                try:
+                    outputs = self.core.step()
+                except Exception as exc:  # the core fails a bad step's requests itself; a last guard
+                    log.exception("engine_step_failed")
+                    outputs = self.core.fail_all(exc)
+                self._deliver(outputs)
+            if self._after_iteration is not None:
+                self._after_iteration()

@@ -23,15 +23,17 @@ from cloud.model.llama import LlamaModel
 from cloud.model.loading import LoadedModel, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
-from shared.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
+from cloud.model.weights import ModelWeights
+from shared.errors import InvalidRequestError, QueueFullError
 
+from .admission import Admission
 from .attention_choice import make_attention, use_triton
 from .block_events import BlockEventLog
 from .block_pool import BlockPool
 from .config import EngineConfig
 from .cuda_graphs import CudaGraphs, eligible
 from .kv_cache import KVCache
-from .memory import make_kv_cache, plan_kv
+from .memory import make_kv_cache, plan_kv, release_free_heap
 from .output import RequestOutput, TextState, make_output
 from .overflow import OverflowPolicy
 from .profile import profile_run
@@ -75,13 +77,12 @@ class EngineCore:
         if config.rope_scaling is not None:  # the user's RoPE scaling overrides the model's
             weights = replace(weights, config=with_rope_scaling(weights.config, config.rope_scaling))
         self.model_config = weights.config
-        self._weights = weights
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.chat_template: ChatTemplate = loaded.chat_template
         c = self.model_config
         dtype = config.torch_dtype
         self.device = device = config.torch_device
-        self.weight_plan = self._weight_plan(device)
+        self.weight_plan = self._weight_plan(device, weights)
         if device.type == "cuda":  # the KV budget is what the weights and the largest step leave
             context = config.max_model_len or scaled_context(c)
             self.model = LlamaModel(
@@ -97,6 +98,10 @@ class EngineCore:
             self.model = LlamaModel(
                 weights, dtype=dtype, plan=self.weight_plan, max_positions=self.kv_plan.max_model_len
             )
+        # the model holds what it runs on: the float copies of projections it serves from the file's
+        # blocks go now, before the KV cache is allocated (peak RSS), unless the caller holds them
+        del weights, loaded
+        release_free_heap()
         self.max_model_len = self.kv_plan.max_model_len
         self.kv_bytes_per_token = self.kv_plan.bytes_per_token
         # the prefix cache's history, for a router that wants to know what this engine holds
@@ -110,6 +115,7 @@ class EngineCore:
             config.sparse.sinks,
             bs,
         )
+        self.admission = Admission(c.vocab_size, self.max_model_len, self.overflow)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.max_num_seqs,
@@ -149,7 +155,7 @@ class EngineCore:
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
 
-    def _weight_plan(self, device: torch.device) -> WeightPlan:
+    def _weight_plan(self, device: torch.device, weights: ModelWeights) -> WeightPlan:
         config, c = self.config, self.model_config
         if device.type != "cpu":  # int8 / int4 weights are CPU kernels; a GPU runs dense weights
             if config.weight_quant in ("int8", "int4"):
@@ -157,7 +163,7 @@ class EngineCore:
                     f"--weight-quant {config.weight_quant} uses CPU kernels; on {device} use none or auto"
                 )
             return WeightPlan.single(config.run_dtype)  # type: ignore[arg-type]
-        layers = self._weights.layers
+        layers = weights.layers
         qtype = layers[0].blocks["w_gate"].qtype if layers and "w_gate" in layers[0].blocks else None
         return plan_weights(
             config.run_dtype,
@@ -216,30 +222,11 @@ class EngineCore:
         return render_chat_prompt(self.chat_template, self.tokenizer, messages, tools, tool_choice)
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
-        return self.overflow.default_max_tokens(num_prompt_tokens)
+        return self.admission.default_max_tokens(num_prompt_tokens)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the client's mistake, if any, before anything is queued."""
-        params.validate(self.model_config.vocab_size)
-        prompt_token_ids, _ = self.overflow.fit(prompt_token_ids, params)
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        if any(not 0 <= t < self.model_config.vocab_size for t in prompt_token_ids):
-            raise InvalidRequestError("the prompt holds a token id outside the vocabulary", param="prompt")
-        limit = self.max_model_len
-        if self.overflow.any_length:
-            return
-        if n >= limit:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens"
-            )
-        if n + params.max_tokens > limit:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
-                f"max_tokens is {params.max_tokens} (at most {limit - n} fit)",
-                param="max_tokens",
-            )
+        self.admission.check(prompt_token_ids, params)
 
     def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
         """The compiled grammar a request needs (cached by spec); raises InvalidRequestError when its

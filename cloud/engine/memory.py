@@ -157,3 +157,29 @@ def make_kv_cache(
     if plan.kv_dtype == "fp8":
         return Fp8KVCache(*shape, dtype, track_summaries=plan.track_summaries, device=device)
     return KVCache(*shape, dtype, track_summaries=plan.track_summaries, device=device)
+
+
+def release_free_heap() -> None:
+    """Hand memory the process freed back to the OS (glibc keeps freed heap pages, and its dynamic
+    mmap threshold moves large tensors onto the heap after the first is freed). The engine calls it
+    once the float copies of the weights it does not run on are gone, and when it goes idle: on the
+    default model that is ~600 MiB of resident memory that would otherwise stay. A no-op elsewhere."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list[Callable[[int], int] | None] = []
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not _TRIM:
+        fn = None
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            fn = None
+        _TRIM.append(fn)
+    return _TRIM[0]

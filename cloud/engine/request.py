@@ -12,12 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from cloud.grammar.spec import GrammarSpec  # plain data (the engine process decodes it off the wire)
 from shared.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # the grammar engine is imported only where grammars are compiled and applied
     from xgrammar import CompiledGrammar
-
-    from cloud.grammar.spec import GrammarSpec
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.gguf_matmul import GGUFWeight, gguf_linear, random_weight
+from kernels.cpu.gguf_matmul import GGUFWeight, bound_linear, gguf_linear, random_weight
 from kernels.cpu.gguf_matmul import available as gguf_available
 
 WeightQuant = Literal["auto", "none", "int8", "int4", "gguf"]
@@ -61,6 +61,7 @@ class Kernel:
         self.out_dtype = out_dtype
         self.in_features = weight.shape[1]
         self.blocks = blocks if kind == "gguf" else None
+        self._bound = None if self.blocks is None else bound_linear(self.blocks)
         if kind == "int4" and self.in_features % INT4_GROUP:
             self.kind = kind = "int8"  # no whole groups: per-channel int8 instead
         self.scales = self.scales_zeros = torch.empty(0)
@@ -81,6 +82,8 @@ class Kernel:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [tokens, in_features] -> [tokens, out_features]
+        if self._bound is not None and x.dtype == torch.float32 == self.out_dtype:
+            return self._bound(x.contiguous())  # the fp32 CPU path: no conversions to skip past
         xc = x.to(self.compute_dtype)
         if self.blocks is not None:
             y = gguf_linear(xc.contiguous(), self.blocks)

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu import norm_rope as cpu_norm_rope
 from kernels.cpu.gguf_matmul import GGUFWeight
 
 from .linear import Linear, WeightPlan
@@ -66,9 +67,12 @@ class LlamaModel:
         self.config = c
         self.dtype = dtype
         self.device = dev = torch.device(device)
-        # Triton's fused residual + RMSNorm and in-place RoPE (kernels/triton/norm_rope.py): on a GPU
-        # they replace several elementwise launches per layer; on a CPU PyTorch's ops are the path
-        self.fused = dev.type == "cuda" if fused_kernels is None else fused_kernels
+        # fused residual + RMSNorm, in-place RoPE (and on a CPU SiLU * up): Triton's on a GPU
+        # (kernels/triton/norm_rope.py), C++ on a CPU for fp32 (kernels/cpu/norm_rope.py); each
+        # replaces several ops per layer, whose dispatch dominated a CPU decode step's own work
+        if fused_kernels is None:
+            fused_kernels = dev.type == "cuda" or (dtype == torch.float32 and cpu_norm_rope.available())
+        self.fused = fused_kernels
         plan = plan or WeightPlan.single("float32")
         self.plan = plan
         self.layers: list[_Layer] = []
@@ -149,13 +153,21 @@ class LlamaModel:
     ) -> torch.Tensor:
         """forward() with each residual add folded into the next RMSNorm and RoPE applied in place:
         the same arithmetic (fp32 norms, the residual rounded to the run dtype) in fewer passes."""
-        from kernels.triton.norm_rope import fused_add_rms_norm, rms_norm, rope_apply_
+        if self.device.type == "cpu":
+            from kernels.cpu.norm_rope import fused_add_rms_norm, rms_norm, rope_apply_, silu_mul
+        else:
+            from kernels.triton.norm_rope import fused_add_rms_norm, rms_norm, rope_apply_
+
+            def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+                return F.silu(gate_up[:, : c.intermediate_size]) * gate_up[:, c.intermediate_size :]
 
         c = self.config
         n = input_ids.shape[0]
         eps = c.rms_eps
         h = self.embed[input_ids]  # [tokens, hidden], the residual stream
         cos, sin = self.rope.tables(positions, max_position)
+        if cos.dim() == 3:  # [T, 1, d] -> [T, d]
+            cos, sin = cos[:, 0], sin[:, 0]
         heads_qk = c.num_heads + c.num_kv_heads
         x = rms_norm(h, self.layers[0].attn_norm, eps) if self.layers else h
         for i, layer in enumerate(self.layers):
@@ -165,8 +177,7 @@ class LlamaModel:
             v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
             o = attention(i, q, k, v)  # [tokens, heads, head_dim]
             x, h = fused_add_rms_norm(layer.o(o.reshape(n, c.q_size)), h, layer.ffn_norm, eps)
-            gu = layer.gate_up(x)
-            down = layer.down(F.silu(gu[:, : c.intermediate_size]) * gu[:, c.intermediate_size :])
+            down = layer.down(silu_mul(layer.gate_up(x)))
             if i + 1 < len(self.layers):
                 x, h = fused_add_rms_norm(down, h, self.layers[i + 1].attn_norm, eps)
             else:

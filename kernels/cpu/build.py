@@ -71,3 +71,16 @@ def load_extension(name: str, *sources: Path) -> ModuleType | None:
             stacklevel=2,
         )
         return None
+
+
+ISAS = ("scalar", "avx2", "avx512")  # the vector paths of the extensions, narrowest first
+
+
+@cache
+def isa_cap() -> str | None:
+    """`CTXFUSE_CPU_ISA` (scalar, avx2 or avx512): the widest vector path the kernels may take, to
+    measure on an AVX-512 machine what an AVX2-only one runs. Unset: the widest the CPU has."""
+    cap = os.environ.get("CTXFUSE_CPU_ISA", "").strip().lower() or None
+    if cap is not None and cap not in ISAS:
+        raise ValueError(f"CTXFUSE_CPU_ISA={cap!r}: expected one of {', '.join(ISAS)}")
+    return cap

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.build import load_extension
+from kernels.cpu.build import ISAS, isa_cap, load_extension
 
 BLOCK = 32  # weights a block, every format
 
@@ -121,7 +121,12 @@ class GGUFWeight:
 
 @cache
 def _ext() -> ModuleType | None:
-    return load_extension("gguf_matmul", Path(__file__).with_suffix(".cpp"))
+    ext = load_extension("gguf_matmul", Path(__file__).with_suffix(".cpp"))
+    cap = isa_cap()
+    if ext is not None and cap is not None:  # the widest supported path no wider than the cap
+        allowed = ISAS[: ISAS.index(cap) + 1]
+        ext.set_isa(next(name for name in ext.supported_isas() if name in allowed))
+    return ext
 
 
 def available() -> bool:
@@ -153,6 +158,18 @@ def gguf_linear(x: torch.Tensor, w: GGUFWeight, *, path: MatmulPath = MatmulPath
     if x.shape[1] != w.in_features:
         raise ValueError(f"gguf_linear: x has {x.shape[1]} features, the weight takes {w.in_features}")
     return _require().linear(x, w.data, _FORMATS[w.qtype].code, int(path))
+
+
+def bound_linear(w: GGUFWeight) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`gguf_linear(x, w)` with w bound and the checks left to the C++ (which raises RuntimeError on
+    a wrong x): for the model's per-layer calls, where Python's checks cost as much as the kernel."""
+    linear, data, code = _require().linear, w.data, _FORMATS[w.qtype].code
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = linear(x, data, code, 0)
+        return y
+
+    return call
 
 
 def gguf_dequantize(w: GGUFWeight) -> torch.Tensor:

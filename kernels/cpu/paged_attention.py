@@ -30,7 +30,7 @@ from types import ModuleType
 
 import torch
 
-from .build import load_extension
+from .build import ISAS, isa_cap, load_extension
 
 HEAD_DIMS = (64, 128)  # compiled head sizes
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -132,7 +132,8 @@ def _check_cache(k_cache: object, v_cache: object) -> tuple[int, int, int, int]:
 
 def _isa_level(isa: Isa | None) -> int:
     if isa is None:
-        return 0
+        cap = isa_cap()  # CTXFUSE_CPU_ISA, else the widest path (0)
+        return 0 if cap is None else min(ISAS.index(cap) + 1, int(supported_isas()[-1]))
     if not isinstance(isa, Isa) or isa not in supported_isas():
         raise ValueError(f"isa {isa!r} is not one this CPU runs: {supported_isas()}")
     return int(isa)

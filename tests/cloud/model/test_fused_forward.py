@@ -1,5 +1,5 @@
-"""The model's fused forward (Triton residual + RMSNorm and in-place RoPE, the GPU path; run by the
-interpreter here) against its PyTorch forward, the reference, on the default model."""
+"""The model's fused forward (residual + RMSNorm, in-place RoPE: C++ on a CPU, Triton on a GPU)
+against its PyTorch forward, the reference, on the default model."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from cloud.engine.profile import _SelfAttention
 from cloud.model.llama import LlamaModel
+from kernels.cpu import norm_rope
 
 
 def test_fused_norm_and_rope_give_the_reference_logits(loaded_model) -> None:  # type: ignore[no-untyped-def]
@@ -22,3 +23,9 @@ def test_fused_norm_and_rope_give_the_reference_logits(loaded_model) -> None:  #
     got = fused.forward(ids, positions, attention, rows)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_a_cpu_model_in_float32_runs_the_fused_path_when_the_kernels_build(loaded_model) -> None:  # type: ignore[no-untyped-def]
+    model = LlamaModel(loaded_model.weights, max_positions=64)
+    assert model.fused == norm_rope.available()
+    assert not LlamaModel(loaded_model.weights, max_positions=64, dtype=torch.bfloat16).fused
