@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import norm_rope as cpu_norm_rope
-from kernels.cpu.gguf_matmul import GGUFWeight
+from kernels.cpu.gguf_matmul import GGUFWeight, gguf_dequantize
 
 from .linear import Linear, WeightPlan
 from .rope import RotaryEmbedding
@@ -95,15 +95,29 @@ class LlamaModel:
                     down=Linear(lw.w_down, None, dtype, plan, dev, b.get("w_down")),
                 )
             )
-        self.embed = weights.embed.to(device=dev, dtype=dtype)
         self.final_norm = weights.final_norm.float().to(dev)
         self.lm_head = Linear(weights.lm_head, None, dtype, plan, dev, weights.lm_head_blocks)
+        # a tied head that runs on the file's blocks serves the embedding lookup too: the rows a step
+        # needs are dequantized from them (the float table's exact values), and the float table
+        # (113 MiB for the default model) is not kept
+        self.embed_blocks = None
+        self.embed = torch.empty(0)
+        tied = weights.lm_head is weights.embed and weights.lm_head_blocks is not None
+        if tied and self.lm_head.large.kind == "gguf" and dtype == torch.float32:
+            self.embed_blocks = weights.lm_head_blocks
+        else:
+            self.embed = weights.embed.to(device=dev, dtype=dtype)
         self.rope = RotaryEmbedding(c, max_positions or c.max_position, dtype, dev)
 
     def resize_rope(self, max_positions: int) -> None:
         """Rebuild the RoPE tables for another longest context (dynamic NTK depends on it)."""
         if max_positions != self.rope.max_positions:
             self.rope = RotaryEmbedding(self.config, max_positions, self.dtype, self.device)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_blocks is not None:
+            return gguf_dequantize(self.embed_blocks.rows(input_ids))
+        return self.embed[input_ids]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # RMSNorm in fp32 whatever the run dtype, as the reference implementation does; spelled out
@@ -126,7 +140,7 @@ class LlamaModel:
             return self._forward_fused(input_ids, positions, attention, logits_rows, max_position)
         c = self.config
         n = input_ids.shape[0]
-        h = self.embed[input_ids]  # [tokens, hidden]
+        h = self._embed(input_ids)  # [tokens, hidden]
         cos, sin = self.rope.tables(positions, max_position)
         heads_qk = c.num_heads + c.num_kv_heads
         for i, layer in enumerate(self.layers):
@@ -164,7 +178,7 @@ class LlamaModel:
         c = self.config
         n = input_ids.shape[0]
         eps = c.rms_eps
-        h = self.embed[input_ids]  # [tokens, hidden], the residual stream
+        h = self._embed(input_ids)  # [tokens, hidden], the residual stream
         cos, sin = self.rope.tables(positions, max_position)
         if cos.dim() == 3:  # [T, 1, d] -> [T, d]
             cos, sin = cos[:, 0], sin[:, 0]
