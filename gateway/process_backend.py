@@ -1,12 +1,12 @@
 """The gateway's side of an engine core in its own process (cloud/engine/engine_process.py): the
-default of `ctxfuse serve`. The gateway keeps the tokenizer and chat template and refuses a bad
-request itself (the engine's Admission, sent at start-up); the engine process holds the weights and
-the KV cache and steps.
+default of `ctxfuse serve`. The gateway keeps the tokenizer and chat template (the engine's, sent
+with its greeting, so the model file is read once) and refuses a bad request itself (the engine's
+Admission); the engine process holds the weights and the KV cache and steps.
 
 A reader thread takes the engine's batches off the pipe and hands each event loop its share in one
 call per batch. A stream closed before the engine took its request aborts it once taken. If the
 engine process dies, every open request ends with an error output and `is_alive` turns false (the
-health check reports it), and later submissions are refused with a 500: nothing hangs.
+readiness check answers 503, as do later submissions): nothing hangs.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from cloud.engine.engine_process import (
 from cloud.engine.output import RequestOutput
 from cloud.engine.prompt import render_chat_prompt
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
-from cloud.model.loading import load_text_side
 from shared.errors import EngineError, InvalidRequestError, ModelLoadError
 
 log = structlog.get_logger("ctxfuse.engine")
@@ -94,7 +93,7 @@ class ProcessBackend:
         self.max_model_len = hello.admission.max_model_len
         self.describe = hello.describe
         self._stats = hello.stats
-        self.tokenizer, self.chat_template = load_text_side(config.model)
+        self.tokenizer, self.chat_template = hello.tokenizer, hello.chat_template
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # the stream table and the pipe's sending end
         self._encode = msgspec.msgpack.Encoder().encode

@@ -23,6 +23,8 @@ from multiprocessing.connection import Connection
 
 import msgspec
 
+from cloud.model.chat_template import ChatTemplate
+from cloud.model.tokenizer import Tokenizer
 from shared.errors import (
     ContextLengthExceededError,
     CtxfuseError,
@@ -111,6 +113,8 @@ class Hello:
     """The engine process's greeting once its model is loaded (pickled, sent once)."""
 
     model_name: str
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
     admission: Admission
     describe: tuple[str, ...]  # the lines `serve` prints at start-up
     stats: EngineStats
@@ -133,7 +137,7 @@ def engine_main(config: EngineConfig, conn: Connection) -> None:
         conn.send(StartupFailed(Refusal.of(exc) if isinstance(exc, CtxfuseError) else _load_error(exc)))
         return
     lines = (core.describe_device(), core.kv_plan.describe())
-    conn.send(Hello(core.model_name, core.admission, lines, core.stats()))
+    conn.send(Hello(core.model_name, core.tokenizer, core.chat_template, core.admission, lines, core.stats()))
     EngineServer(core, conn).run()
 
 

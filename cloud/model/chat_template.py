@@ -71,6 +71,9 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise ModelLoadError(f"the model's chat template does not compile: {exc}") from exc
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChatTemplate, (self.source, self.bos_token, self.eos_token))
+
     def render(
         self,
         messages: list[dict[str, Any]],

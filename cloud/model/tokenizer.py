@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
@@ -143,6 +143,11 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as the backend's JSON: an engine process hands its tokenizer to the gateway
+        state = (self._backend.to_str(), self.bos_id, self.eos_id, self.add_bos, self.chat_template)
+        return (_unpickle_tokenizer, state)
+
     @classmethod
     def from_gguf_data(cls, data: GGUFTokenizerData) -> Tokenizer:
         return cls(
@@ -201,3 +206,15 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
+
+
+def _unpickle_tokenizer(
+    backend_json: str, bos_id: int | None, eos_id: int | None, add_bos: bool, chat_template: str | None
+) -> Tokenizer:
+    return Tokenizer(
+        _RustTokenizer.from_str(backend_json),
+        bos_id=bos_id,
+        eos_id=eos_id,
+        add_bos=add_bos,
+        chat_template=chat_template,
+    )

@@ -70,3 +70,15 @@ def test_the_engine_on_the_files_blocks_gives_the_float32_reference(loaded_model
     assert tokens == ref_tokens  # greedy agreement: the same weights, the same math
     first = (logits[0] - ref_logits[0]).abs().max()
     assert first < 1e-3, f"first-step logits differ by {first}"
+
+
+def test_a_tied_head_on_blocks_serves_the_embedding_without_the_float_table(loaded_model) -> None:  # type: ignore[no-untyped-def]
+    from cloud.model.llama import LlamaModel
+
+    w = loaded_model.weights
+    on_blocks = LlamaModel(w, max_positions=64, plan=WeightPlan.single("gguf"))
+    on_floats = LlamaModel(w, max_positions=64, plan=WeightPlan.single("float32"))
+    assert on_blocks.embed_blocks is not None and on_blocks.embed.numel() == 0
+    assert on_floats.embed_blocks is None
+    ids = torch.tensor([0, 5, w.config.vocab_size - 1, 300, 5])
+    assert torch.equal(on_blocks._embed(ids), w.embed[ids])  # the float table's exact rows

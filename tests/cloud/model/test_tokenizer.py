@@ -202,3 +202,23 @@ def test_from_hf_file_loads_a_tokenizer_json(tok: Tokenizer, reference: Any, tmp
 def test_from_hf_file_missing_is_a_model_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError):
         Tokenizer.from_hf_file(tmp_path / "absent.json")
+
+
+def test_a_pickled_tokenizer_and_template_work_as_the_originals(tok: Tokenizer) -> None:
+    """An engine process hands its tokenizer and chat template to the gateway this way."""
+    import pickle
+
+    from cloud.model.chat_template import ChatTemplate
+
+    template = ChatTemplate(tok.chat_template, "<|im_start|>", "<|im_end|>")
+    tok2, template2 = pickle.loads(pickle.dumps((tok, template)))
+    for text in ["Hello, world!", "ünïcödé 日本語 12345", "<|im_start|>user\nhi<|im_end|>"]:
+        assert tok2.encode(text, add_special=True) == tok.encode(text, add_special=True)
+    assert (tok2.eos_ids, tok2.special_ids, tok2.vocab_size, tok2.byte_level) == (
+        tok.eos_ids,
+        tok.special_ids,
+        tok.vocab_size,
+        tok.byte_level,
+    )
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert template2.render(messages) == template.render(messages)
