@@ -33,7 +33,7 @@ from .block_pool import BlockPool
 from .config import EngineConfig
 from .cuda_graphs import CudaGraphs, eligible
 from .kv_cache import KVCache
-from .memory import make_kv_cache, map_large_allocations, plan_kv, release_free_heap
+from .memory import make_kv_cache, plan_kv, release_free_heap
 from .output import RequestOutput, TextState, make_output
 from .overflow import OverflowPolicy
 from .profile import profile_run
@@ -71,7 +71,6 @@ class EngineStats:
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        map_large_allocations()
         loaded = loaded or load_model(config.model)
         self.model_name = config.served_model_name or loaded.name
         weights = loaded.weights
