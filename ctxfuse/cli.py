@@ -18,12 +18,12 @@ from dataclasses import dataclass
 def _cmd_models_fetch(args: argparse.Namespace) -> int:
     from cloud.model.registry import fetch
     from edge.vision.model_files import ensure
-    from kernels.cpu import gguf_matmul, paged_attention
+    from kernels.cpu import gguf_matmul, norm_rope, paged_attention
 
     print(fetch(quiet=args.quiet))
     print(ensure(quiet=args.quiet).root)
     # the C++ CPU kernels build once per machine (a warning and the PyTorch path where they cannot)
-    built = gguf_matmul.available() and paged_attention.available()
+    built = all([gguf_matmul.available(), paged_attention.available(), norm_rope.available()])
     print(f"C++ CPU kernels: {'built' if built else 'unavailable, the PyTorch path serves'}")
     return 0
 
