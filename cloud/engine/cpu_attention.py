@@ -75,7 +75,8 @@ class CpuKernelAttention(KernelAttention):
             return None
         kc, vc = cache.blocks_view(layer)
         if not sparse or s is None:
-            return paged_decode_cpu(q, kc, vc, tables, lens, scale)
+            # every layer of a step reads the same tables with the same shapes: checked once, at layer 0
+            return paged_decode_cpu(q, kc, vc, tables, lens, scale, check=layer == 0)
         # Quest's selection (the PyTorch bound, two small matmuls), then attention over the picked
         # blocks in place; a row within the budget attends densely, as the reference does
         out = torch.empty_like(q)

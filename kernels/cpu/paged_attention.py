@@ -159,17 +159,22 @@ def paged_decode_cpu(
     scale: float,
     *,
     isa: Isa | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """softmax(scale * q . K^T) V per request over its paged context. q: [b, H, d] fp32 / bf16 /
     fp16; k_cache, v_cache: [kv_heads, num_blocks, block_size, d] fp32 / bf16 / fp16 (any strides,
     last dim contiguous; d 64 or 128); block_tables [b, max_blocks], context_lens [b] int32 / int64.
-    Query head h reads KV head h // (H / kv_heads). Returns [b, H, d] in q's dtype."""
-    kv_heads, _, _, d = _check_cache(k_cache, v_cache)
-    b = _check_query(q, kv_heads, d)
-    _check_tables(b, block_tables, context_lens)
-    s = _check_scale(scale)
-    level = _isa_level(isa)
-    out = _module().paged_decode(_query32(q), k_cache, v_cache, block_tables, context_lens, s, level)
+    Query head h reads KV head h // (H / kv_heads). Returns [b, H, d] in q's dtype.
+    `check=False` skips the checks that name a bad argument (the C++ still refuses what would read
+    out of bounds): for a caller that checked the same tables and shapes once already this step."""
+    if check:
+        kv_heads, _, _, d = _check_cache(k_cache, v_cache)
+        b = _check_query(q, kv_heads, d)
+        _check_tables(b, block_tables, context_lens)
+        scale = _check_scale(scale)
+    out = _module().paged_decode(
+        _query32(q), k_cache, v_cache, block_tables, context_lens, scale, _isa_level(isa)
+    )
     return _as(out, q.dtype)
 
 

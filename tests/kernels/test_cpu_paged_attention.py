@@ -570,3 +570,16 @@ if __name__ == "__main__":
             f"{speedup:6.1f} {r.kernel_gbps:6.1f}",
             flush=True,
         )
+
+
+def test_unchecked_calls_give_the_same_answer_and_stay_memory_safe() -> None:
+    gen = torch.Generator().manual_seed(5)
+    k, v, table = _layout([40, 7], 3, 64, 16, gen)
+    q = torch.randn(2, 9, 64, generator=gen)
+    ctx = torch.tensor([40, 7])
+    checked = pa.paged_decode_cpu(q, k, v, table, ctx, 0.125)
+    assert torch.equal(pa.paged_decode_cpu(q, k, v, table, ctx, 0.125, check=False), checked)
+    bad = table.clone()
+    bad[0, 1] = k.shape[1] + 5  # a live position naming a block past the cache
+    with pytest.raises(ValueError, match="outside"):
+        pa.paged_decode_cpu(q, k, v, bad, ctx, 0.125, check=False)
