@@ -49,7 +49,6 @@ class _Stream(OutputStream):
         super().__init__(n)
         self.request_id = request_id
         self._backend = backend
-        self.loop = self._loop
         self.accepted: asyncio.Future[Refusal | None] = self.loop.create_future()
         self.unfinished = set(range(n))  # choices not yet finished, as the reader thread has seen them
         self.closed = False

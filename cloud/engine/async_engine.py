@@ -55,7 +55,7 @@ class OutputStream:
     finished; another thread feeds it through the loop (call_soon_threadsafe)."""
 
     def __init__(self, n: int) -> None:
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()  # where the outputs are consumed
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._remaining = n  # choices not yet finished, as the caller has seen them
 
@@ -80,7 +80,7 @@ class RequestStream(OutputStream):
         self._engine = engine
 
     def sink(self, out: RequestOutput) -> None:  # called on the engine thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+        self.loop.call_soon_threadsafe(self._queue.put_nowait, out)
 
     def close(self) -> None:
         """Abort the request if any choice is unfinished; safe to call more than once."""
@@ -213,6 +213,11 @@ class AsyncEngine:
             return cached
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._grammar_pool, self.core.grammars.compile, spec)
+
+    def off_loop(self, fn: Callable[..., object], *args: object) -> None:
+        """Run fn(*args) on the grammar threads (work such as a compile that must hold up neither
+        the engine loop nor the thread that hands it commands)."""
+        self._grammar_pool.submit(fn, *args)
 
     def _abort_accepted(self, accepted: asyncio.Future[str]) -> None:
         if not accepted.cancelled() and accepted.exception() is None:

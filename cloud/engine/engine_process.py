@@ -17,11 +17,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import msgspec
+from xgrammar import CompiledGrammar
 
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
@@ -157,15 +157,11 @@ class EngineServer:
         self._send_lock = threading.Lock()
         self._encode = msgspec.msgpack.Encoder().encode
         self._decoder = msgspec.msgpack.Decoder(Command)
-        self._grammars = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ctxfuse-grammar")
 
     def run(self) -> None:
         reader = threading.Thread(target=self._read, name="ctxfuse-engine-commands", daemon=True)
         reader.start()
-        try:
-            self.engine.run()
-        finally:
-            self._grammars.shutdown(wait=False, cancel_futures=True)
+        self.engine.run()
 
     # -- reader thread ------------------------------------------------------------------------
 
@@ -185,22 +181,22 @@ class EngineServer:
 
     def _add(self, msg: AddMsg) -> None:
         spec = msg.params.grammar
-        if spec is None or self.core.grammars.cached(spec) is not None:
-            self._enqueue(msg)
-        else:
-            self._grammars.submit(self._compile_then_enqueue, msg)
+        grammar = None if spec is None else self.core.grammars.cached(spec)
+        if spec is None or grammar is not None:
+            self._enqueue(msg, grammar)
+        else:  # compiled on the engine's grammar threads, never on this reader
+            self.engine.off_loop(self._compile_then_enqueue, msg)
 
     def _compile_then_enqueue(self, msg: AddMsg) -> None:
         try:
-            self.core.compile_grammar(msg.params)  # cached now; add_request takes it from the cache
+            grammar = self.core.compile_grammar(msg.params)
         except Exception as exc:  # the schema cannot be compiled: refused with the reason
             self._send(Batch([(msg.request_id, Refusal.of(exc))], [], self.core.stats()))
             return
-        self._enqueue(msg)
+        self._enqueue(msg, grammar)
 
-    def _enqueue(self, msg: AddMsg) -> None:
+    def _enqueue(self, msg: AddMsg, grammar: CompiledGrammar | None) -> None:
         rid = msg.request_id
-        grammar = None if msg.params.grammar is None else self.core.grammars.cached(msg.params.grammar)
         self.engine.enqueue(
             rid,
             msg.prompt_token_ids,
