@@ -273,6 +273,9 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from kernels.cpu.threads import quiet_openmp
+
+    quiet_openmp()  # before any command imports torch
     argv = sys.argv[1:] if argv is None else list(argv)
     named = [a for a in argv if not a.startswith("-")][:1]  # the command run (none for --help)
     try:

@@ -1,18 +1,25 @@
 """The attention backend on a CPU with the compiled kernels (kernels/cpu/paged_attention.py): decode
 rows read the paged cache in place, dequantize int8 / int4 codes in registers and attend over
-Quest's selected blocks without gathering them, threaded over (request, KV head, context split). It
-is the PyTorch backend it wraps everywhere else, and that stays the reference: prefill chunks (the
-flash kernel of PyTorch already reads a contiguous prefix), fp8 caches, sliding-window rows (their
-sinks are rotated), and sparse attention over a quantized cache.
+Quest's selected blocks without gathering them, threaded over (request, KV head, context split);
+prefill chunks over an fp32 cache attend causally to the cached prefix and themselves in place,
+threaded over (KV head, run of positions), 2x PyTorch's CPU flash kernel at 7K. It is the PyTorch
+backend it wraps everywhere else, and that stays the reference: fp8 caches, sliding-window rows
+(their sinks are rotated), sparse attention over a quantized cache, prefill over a quantized cache
+(the reference attends to the chunk's own keys unrounded) and sparse prefill past the budget.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.cpu.paged_attention import paged_decode_cpu, paged_decode_quant_cpu, sparse_paged_decode_cpu
+from kernels.cpu.paged_attention import (
+    paged_decode_cpu,
+    paged_decode_quant_cpu,
+    prefill_attention_cpu,
+    sparse_paged_decode_cpu,
+)
 
-from .attention import AnyKVCache, AttentionMetadata
+from .attention import AnyKVCache, AttentionMetadata, PrefillSeq
 from .fp8_kv_cache import Fp8KVCache
 from .kernel_attention import KernelAttention
 from .kv_cache import KVCache
@@ -30,20 +37,44 @@ class CpuKernelAttention(KernelAttention):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         nd = meta.num_decode
-        if not nd or meta.decode_shift is not None or isinstance(cache, Fp8KVCache):
+        if meta.decode_shift is not None or isinstance(cache, Fp8KVCache):
             return self.reference(layer, q, k, v, cache, meta)
-        tables, lens = meta.decode_blocks, meta.decode_lens
-        if tables is None or lens is None:
-            raise ValueError("decode rows without block tables or lengths in the attention metadata")
-        decode = self._decode(layer, q[:nd], cache, tables, lens)
-        if decode is None:
-            return self.reference(layer, q, k, v, cache, meta)
-        if not meta.prefills:
-            return decode
+        decode = None
+        if nd:
+            tables, lens = meta.decode_blocks, meta.decode_lens
+            if tables is None or lens is None:
+                raise ValueError("decode rows without block tables or lengths in the attention metadata")
+            decode = self._decode(layer, q[:nd], cache, tables, lens)
+            if decode is None:
+                return self.reference(layer, q, k, v, cache, meta)
+            if not meta.prefills:
+                return decode
         out = torch.empty_like(q)
-        out[:nd] = decode
-        self.prefill_rows(layer, q, k, v, cache, meta, out)
+        if decode is not None:
+            out[:nd] = decode
+        for seq in meta.prefills:
+            rows = slice(seq.q_start, seq.q_start + seq.q_len)
+            if isinstance(cache, KVCache) and self._prefill_in_place(layer, q, cache, seq):
+                kc, vc = cache.blocks_view(layer)
+                prefill_attention_cpu(
+                    q[rows], kc, vc, seq.block_table, seq.start_pos, self.dense.scale, out=out[rows]
+                )
+            else:
+                out[rows] = self.reference_prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta)
         return out
+
+    def _prefill_in_place(self, layer: int, q: torch.Tensor, cache: KVCache, seq: PrefillSeq) -> bool:
+        """Whether a chunk runs the prefill kernel: an fp32 cache (it reads the chunk's own keys
+        there, as written), dense attention for this chunk (the reference's sparse prefill starts
+        past the budget) and no dropped window."""
+        s = self.sparse
+        return (
+            type(cache) is KVCache  # not the fp8 one
+            and cache.dtype == torch.float32
+            and q.dtype == torch.float32
+            and seq.sink_shift == 0
+            and not (s is not None and self.sparse_layer(layer) and seq.start_pos > s.config.budget)
+        )
 
     def _decode(
         self, layer: int, q: torch.Tensor, cache: AnyKVCache, tables: torch.Tensor, lens: torch.Tensor

@@ -161,7 +161,8 @@ def plan_weights(
     the fastest for prefill-sized steps (compute-bound: a few weights suffice).
 
     gguf_blocks: the quantized format of the model file's projections (e.g. "Q4_1"), when it has
-    one: then `auto` chooses between the GGUF kernel and float32, whose math it shares."""
+    one: then `auto` chooses between the GGUF kernel and float32, whose math it shares, and keeps
+    the blocks unless float32 is clearly faster (a float copy costs memory for nothing)."""
     if weight_quant == "none":
         return WeightPlan.single(dtype_name)  # type: ignore[arg-type]
     if weight_quant != "auto":
@@ -181,9 +182,11 @@ def plan_weights(
         kinds = kinds + with_gguf
         cost = {k: _time([kernel(w, k, i) for i, w in enumerate(ws)], m, shape[1]) for k in kinds}
         best = min(kinds, key=cost.__getitem__)
-        # float32 is the reference: another kernel replaces it only when clearly faster, so the
-        # choice does not flip between runs on timing noise
-        return best if cost[best] < (1 - AUTO_MARGIN) * cost["float32"] else "float32"
+        # the default holds unless another kernel is clearly faster, so the choice does not flip
+        # between runs on timing noise: the file's blocks where there are some (the same math as
+        # float32, and a float copy of the weights would cost ~4x their memory), else float32
+        default: KernelKind = "gguf" if with_gguf else "float32"
+        return best if cost[best] < (1 - AUTO_MARGIN) * cost[default] else default
 
     # with the file's blocks there is an exact fast path: then auto keeps to exact kernels (greedy
     # output identical in kind to the float32 reference's) rather than trading agreement for speed

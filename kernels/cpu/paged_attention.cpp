@@ -31,7 +31,8 @@
 // including this file into itself: plain C++, AVX2 + FMA + F16C and AVX-512 (F, BW, VL), each
 // under `#pragma GCC target` in its own namespace; the best the CPU and OS support is chosen at
 // run time with __builtin_cpu_supports. The passes share the kernel text; only the few vector
-// primitives (load, convert, fma, exp, sums) differ.
+// primitives (load, convert, fma, exp, sums) differ: simd.h holds those the prefill kernel
+// (prefill_attention.cpp, built into this extension and bound below) shares.
 
 #ifndef PA_KERNEL_PASS
 
@@ -512,6 +513,12 @@ at::Tensor paged_decode_quant(const at::Tensor& q, const at::Tensor& kq, const a
 
 }  // namespace pa
 
+namespace pf {  // prefill_attention.cpp
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& table, int64_t start, double scale,
+                             c10::optional<at::Tensor> out, int64_t isa);
+}  // namespace pf
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   // the GIL is released while a kernel runs: the serving loop's Python thread goes on meanwhile
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
@@ -520,6 +527,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
           nogil);
   mod.def("sparse_paged_decode", &pa::sparse_paged_decode,
           "block-sparse paged decode -> [b, H, d] fp32", nogil);
+  mod.def("prefill_attention", &pf::prefill_attention,
+          "causal prefill attention over the paged fp32 cache -> [n, H, d] fp32", nogil);
   mod.def("best_isa", &pa::best_isa, "1 scalar, 2 AVX2, 3 AVX-512: the best this CPU runs");
 }
 
@@ -530,17 +539,12 @@ namespace pa::PA_NS {
 
 constexpr int W = PA_WIDTH;
 
+#define CTXFUSE_SIMD_WIDTH PA_WIDTH
+#include "simd.h"
+#undef CTXFUSE_SIMD_WIDTH
+
+// the decode kernel's own primitives
 #if PA_WIDTH == 16
-using V = __m512;
-inline V vzero() { return _mm512_setzero_ps(); }
-inline V vset(float x) { return _mm512_set1_ps(x); }
-inline V vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, V x) { _mm512_storeu_ps(p, x); }
-inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
-inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(V x) { return _mm512_reduce_add_ps(x); }
-inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
-inline float vhmax(V x) { return _mm512_reduce_max_ps(x); }
 // 128-bit blocks [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
 inline V add_block_pairs(V a, V b) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -583,45 +587,8 @@ inline V vstep(V lo, V hi, float levels) {  // kv_quant.key_scale
   s = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, vzero(), _CMP_GT_OQ), vset(1.0f), s);
   return _mm512_cvtph_ps(_mm512_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-inline V vexp(V x) {  // Cephes expf, ~1 ulp; below -87 (incl. -inf): 0
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, vset(-87.0f), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, vset(-87.0f)), vset(88.0f));
-  const V n = _mm512_roundscale_ps(vmul(x, vset(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm512_fnmadd_ps(n, vset(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, vset(-2.12194440e-4f), r);
-  V y = vfma(vset(1.9875691500e-4f), r, vset(1.3981999507e-3f));
-  y = vfma(y, r, vset(8.3334519073e-3f));
-  y = vfma(y, r, vset(4.1665795894e-2f));
-  y = vfma(y, r, vset(1.6666665459e-1f));
-  y = vfma(y, r, vset(5.0000001201e-1f));
-  y = vfma(y, vmul(r, r), _mm512_add_ps(r, vset(1.0f)));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mask_blend_ps(tiny, vmul(y, _mm512_castsi512_ps(e)), vzero());
-}
 
 #elif PA_WIDTH == 8
-using V = __m256;
-inline V vzero() { return _mm256_setzero_ps(); }
-inline V vset(float x) { return _mm256_set1_ps(x); }
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, V x) { _mm256_storeu_ps(p, x); }
-inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
-inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(V x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
-inline float vhmax(V x) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 // 8 vectors at v, v + 8, ...: lane i of the result is the sum of vector i
 inline V vsum_lanes(const float* v) {
   const V s01 = _mm256_hadd_ps(vload(v), vload(v + 8));
@@ -655,35 +622,8 @@ inline V vstep(V lo, V hi, float levels) {  // kv_quant.key_scale
   s = _mm256_blendv_ps(vset(1.0f), s, _mm256_cmp_ps(s, vzero(), _CMP_GT_OQ));
   return _mm256_cvtph_ps(_mm256_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-inline V vexp(V x) {  // Cephes expf, ~1 ulp; below -87 (incl. -inf): 0
-  const V tiny = _mm256_cmp_ps(x, vset(-87.0f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, vset(-87.0f)), vset(88.0f));
-  const V n = _mm256_round_ps(vmul(x, vset(1.44269504088896341f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm256_fnmadd_ps(n, vset(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, vset(-2.12194440e-4f), r);
-  V y = vfma(vset(1.9875691500e-4f), r, vset(1.3981999507e-3f));
-  y = vfma(y, r, vset(8.3334519073e-3f));
-  y = vfma(y, r, vset(4.1665795894e-2f));
-  y = vfma(y, r, vset(1.6666665459e-1f));
-  y = vfma(y, r, vset(5.0000001201e-1f));
-  y = vfma(y, vmul(r, r), _mm256_add_ps(r, vset(1.0f)));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(vmul(y, _mm256_castsi256_ps(e)), vzero(), tiny);
-}
 
-#else  // plain C++: a "vector" is one float
-using V = float;
-inline V vzero() { return 0.0f; }
-inline V vset(float x) { return x; }
-inline V vload(const float* p) { return *p; }
-inline void vstore(float* p, V x) { *p = x; }
-inline V vmul(V a, V b) { return a * b; }
-inline V vfma(V a, V b, V c) { return a * b + c; }
-inline float vsum(V x) { return x; }
-inline V vmax(V a, V b) { return std::max(a, b); }
-inline float vhmax(V x) { return x; }
+#else  // plain C++
 inline V vsum_lanes(const float* v) { return *v; }
 inline V vbf16(const uint16_t* p) {
   const uint32_t bits = static_cast<uint32_t>(*p) << 16;
@@ -701,7 +641,6 @@ inline V vstep(V lo, V hi, float levels) {
   const float s = (hi - lo) / levels;
   return round_to_half(s > 0.0f ? s : 1.0f);
 }
-inline V vexp(V x) { return std::exp(x); }
 #endif
 
 // One thread's scratch, carved by pa::Layout

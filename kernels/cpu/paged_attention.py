@@ -1,7 +1,9 @@
-"""Fused decode attention on the CPU (paged_attention.cpp): one query token per request against its
-context, read in place from the paged KV cache, threaded over (request, KV head, context split).
+"""Attention on the CPU read in place from the paged KV cache. Decode (paged_attention.cpp): one query
+token per request against its context, threaded over (request, KV head, context split). Prefill
+(prefill_attention.cpp, `prefill_attention_cpu`): a chunk of queries causally against the cached
+prefix and itself, threaded over (KV head, run of positions), reference DenseAttention.prefill.
 
-Three entry points, each with the argument list of its PyTorch reference in kernels/triton/ and the
+Three decode entry points, each with the argument list of its PyTorch reference in kernels/triton/ and the
 same math in fp32 (only the order of fp32 additions differs):
     paged_decode_cpu          dense cache            paged_decode.paged_decode_reference
     paged_decode_quant_cpu    int8 / int4 codes      paged_decode_quant.paged_decode_quant_reference
@@ -35,7 +37,10 @@ from .build import ISAS, isa_cap, load_extension
 HEAD_DIMS = (64, 128)  # compiled head sizes
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INDICES = (torch.int32, torch.int64)
-_SOURCE = Path(__file__).with_name("paged_attention.cpp")
+_SOURCES = (
+    Path(__file__).with_name("paged_attention.cpp"),
+    Path(__file__).with_name("prefill_attention.cpp"),
+)
 
 
 class Isa(enum.IntEnum):
@@ -48,7 +53,7 @@ class Isa(enum.IntEnum):
 
 @cache
 def _ext() -> ModuleType | None:
-    return load_extension("paged_attention", _SOURCE)
+    return load_extension("paged_attention", *_SOURCES)
 
 
 def available() -> bool:
@@ -288,3 +293,38 @@ def paged_decode_quant_cpu(
         level,
     )
     return _as(out, q.dtype)
+
+
+def prefill_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    start: int,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    isa: Isa | None = None,
+) -> torch.Tensor:
+    """Causal attention of a prefill chunk: q [n, H, d] fp32 holds positions start .. start + n - 1,
+    whose keys and values (and all earlier ones) are already in the fp32 cache k_cache, v_cache
+    [kv_heads, num_blocks, block_size, d] at the blocks block_table [>= ceil((start + n) /
+    block_size)] (int32 / int64) lists. Row t attends keys 0 .. start + t. d: a multiple of 8 up to
+    256. Writes into `out` ([n, H, d] fp32, last dim contiguous) when given; returns [n, H, d] fp32."""
+    x = _tensor("q", q, 3, (torch.float32,))
+    kv_heads, _, _, d = _check_cache(k_cache, v_cache)
+    if k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32:
+        raise ValueError(f"the prefill kernel reads an fp32 cache, got {k_cache.dtype} / {v_cache.dtype}")
+    if x.shape[2] != d:
+        raise ValueError(f"head dims differ: q has {x.shape[2]}, the cache {d}")
+    if kv_heads < 1 or x.shape[1] % kv_heads:
+        raise ValueError(f"{x.shape[1]} query heads are not a multiple of {kv_heads} KV heads")
+    _tensor("block_table", block_table, 1, INDICES)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be an int >= 0, got {start!r}")
+    if out is not None:
+        _rows("out", out, tuple(int(s) for s in x.shape), (torch.float32,))
+    result: torch.Tensor = _module().prefill_attention(
+        x, k_cache, v_cache, block_table, start, _check_scale(scale), out, _isa_level(isa)
+    )
+    return result

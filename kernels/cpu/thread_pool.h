@@ -45,7 +45,10 @@
 namespace ctxfuse_pool {
 namespace {
 
-constexpr int64_t kSpinNs = 20000;  // a waiting thread spins this long before it sleeps
+#ifndef CTXFUSE_POOL_SPIN_NS
+#define CTXFUSE_POOL_SPIN_NS 20000
+#endif
+constexpr int64_t kSpinNs = CTXFUSE_POOL_SPIN_NS;  // a waiting thread spins this long before it sleeps
 
 // One region: fn(begin, end, participant) over [0, n) in chunks of `chunk` items.
 struct Job {
