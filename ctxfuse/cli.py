@@ -18,12 +18,12 @@ from dataclasses import dataclass
 def _cmd_models_fetch(args: argparse.Namespace) -> int:
     from cloud.model.registry import fetch
     from edge.vision.model_files import ensure
-    from kernels.cpu import gguf_matmul, norm_rope, paged_attention
+    from kernels.cpu import gguf_matmul, norm_rope, paged_attention, sampling
 
     print(fetch(quiet=args.quiet))
     print(ensure(quiet=args.quiet).root)
     # the C++ CPU kernels build once per machine (a warning and the PyTorch path where they cannot)
-    built = all([gguf_matmul.available(), paged_attention.available(), norm_rope.available()])
+    built = all([m.available() for m in (gguf_matmul, paged_attention, norm_rope, sampling)])
     print(f"C++ CPU kernels: {'built' if built else 'unavailable, the PyTorch path serves'}")
     return 0
 
@@ -273,9 +273,6 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from kernels.cpu.threads import quiet_openmp
-
-    quiet_openmp()  # before any command imports torch
     argv = sys.argv[1:] if argv is None else list(argv)
     named = [a for a in argv if not a.startswith("-")][:1]  # the command run (none for --help)
     try:

@@ -37,7 +37,6 @@ from cloud.engine.engine_process import (
 from cloud.engine.output import RequestOutput
 from cloud.engine.prompt import render_chat_prompt
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
-from kernels.cpu.threads import quiet_openmp_for_children
 from shared.errors import EngineError, InvalidRequestError, ModelLoadError
 
 log = structlog.get_logger("ctxfuse.engine")
@@ -85,8 +84,7 @@ class ProcessBackend:
         self._process = ctx.Process(
             target=engine_main, args=(config, theirs), name="ctxfuse-engine-core", daemon=True
         )
-        with quiet_openmp_for_children():  # our kernels' pool and OpenMP's spinning share the cores
-            self._process.start()
+        self._process.start()
         theirs.close()
         hello = self._greeting()
         self.model_name = hello.model_name

@@ -19,12 +19,8 @@ import torch
 
 from kernels.triton.paged_decode import decode_bytes_read, paged_decode
 from kernels.triton.paged_decode_quant import decode_quant_bytes_read, paged_decode_quant
-from kernels.triton.sparse_decode import (
-    quest_select,
-    quest_select_bytes,
-    sparse_decode_bytes,
-    sparse_paged_decode,
-)
+from kernels.triton.quest_select import quest_select, quest_select_bytes
+from kernels.triton.sparse_decode import sparse_decode_bytes, sparse_paged_decode
 
 HBM_BYTES_PER_S = 4.8e12  # H200, the vendor's datasheet
 FORMATS = ("bf16", "int8", "int4", "sparse-2048")

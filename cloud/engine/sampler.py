@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kernels.cpu.sampling import available as cpu_sampling_available
+from kernels.cpu.sampling import noisy_argmax
+
 from .grammar_mask import GrammarMasks
 from .request import SamplingParams
 
@@ -191,8 +194,12 @@ def choose(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         return greedy
     idx = torch.tensor(sampled, dtype=torch.long, device=x.device)
     probs = _filtered_probs(x[idx], batch, idx, [batch.rows[i].params for i in sampled])
-    noise = exponential_noise(batch.seeds[idx], batch.steps[idx], x.shape[-1])
-    return greedy.index_copy(0, idx, torch.argmax(probs / noise, dim=-1))
+    seeds, steps = batch.seeds[idx], batch.steps[idx]
+    if probs.device.type == "cpu" and probs.dtype == torch.float32 and cpu_sampling_available():
+        picked = noisy_argmax(probs, seeds, steps)  # one pass, the noise never materialized
+    else:
+        picked = torch.argmax(probs / exponential_noise(seeds, steps, x.shape[-1]), dim=-1)
+    return greedy.index_copy(0, idx, picked)
 
 
 def _filtered_probs(

@@ -20,7 +20,8 @@ import torch
 from kernels.triton.paged_decode import paged_decode
 from kernels.triton.paged_decode_quant import paged_decode_quant
 from kernels.triton.paged_prefill import paged_prefill
-from kernels.triton.sparse_decode import quest_select, sparse_paged_decode
+from kernels.triton.quest_select import quest_select
+from kernels.triton.sparse_decode import sparse_paged_decode
 
 from .attention import AnyKVCache, AttentionMetadata
 from .fp8_kv_cache import Fp8KVCache

@@ -8,10 +8,8 @@ from typing import Any
 import pytest
 import torch
 
+from kernels.triton.quest_select import quest_select, quest_select_bytes, quest_select_reference
 from kernels.triton.sparse_decode import (
-    quest_select,
-    quest_select_bytes,
-    quest_select_reference,
     sparse_decode_bytes,
     sparse_paged_decode,
     sparse_paged_decode_reference,
