@@ -1,9 +1,10 @@
 // y[m, n] = x[m, k] @ W[n, k]^T where W stays in the GGUF file's own blocks (Q4_0, Q4_1, Q8_0: 32
 // weights a block, an fp16 scale d, Q4_1 also an fp16 offset m) and x, y and every sum are fp32.
 //
-// Invariant: every path multiplies x by exactly the fp32 weights of the reference dequantization
-// (gguf.quants.dequantize: w = d * q, or (d * q) + m with two roundings), so the result is that of
-// F.linear(x, dequantize(W)) up to the order of the fp32 additions. Activations are never quantized.
+// Invariant: the result is that of F.linear(x, dequantize(W)) (gguf.quants.dequantize: w = d * q, or
+// (d * q) + m with two roundings) up to the order of fp32 roundings. Every path but one multiplies x
+// by exactly those fp32 weights; the AVX2 GEMV takes d (and m) out of each block's dot product,
+// d * sum(q x) + m * sum(x), the same real sum (see there). Activations are never quantized.
 //
 // Two paths, chosen by m:
 //   GEMV (m <= kGemvMaxRows, decode). Grid: the n output rows split among the threads. For each of
@@ -51,6 +52,12 @@ constexpr int64_t kGemvMaxRows = 4;       // m at or below: the GEMV path
 constexpr int kGemvGroup = 4;             // rows of x dotted with one unpacked block
 constexpr int64_t kChunksPerThread = 4;  // GEMV chunks handed out per thread (dynamically)
 constexpr int64_t kGemvGrain = 16;        // output rows a chunk holds at least
+// After a GEMV the pool's workers spin this long for the next before they sleep: a decode step at one
+// stream makes ~120 such calls with a little Python between, and waking a sleeping worker cost more
+// than the spin (in-process step median 6.0-7.1 -> 5.8-6.8 ms). Only after a GEMV: at 32 streams the
+// attention and norm kernels' own pools run between the weight calls and a spinning worker slowed
+// them (step 55 -> 57 ms with every region at 100 us).
+constexpr int64_t kGemvLingerNs = 100000;
 constexpr int kMR = 4;                    // rows of x in the tiled micro-kernel
 constexpr int64_t kTileBytes = 32 << 10;  // a tile's fp32 weights over one k-chunk (L1-sized)
 constexpr int64_t kChunk = 640;           // k at most, a pass of the micro-kernel
@@ -185,28 +192,13 @@ struct Block {
 };
 
 template <QType T>
+inline void codes(const uint8_t* blk, __m256 q[4]);
+
+template <QType T>
 inline Block decode(const uint8_t* blk) {
   Block k;
   __m256 q[4];  // the codes as fp32 (Q4_0's minus 8)
-  if constexpr (T == QType::Q8_0) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
-    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
-    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-  } else {
-    // byte j holds weight j (low nibble) and weight j + 16 (high nibble)
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + block_bytes(T) - 16));
-    const __m256i z0 = _mm256_cvtepu8_epi32(v);                    // bytes 0-7
-    const __m256i z1 = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));  // bytes 8-15
-    const __m256i low4 = _mm256_set1_epi32(0xF);
-    const __m256i bias = _mm256_set1_epi32(T == QType::Q4_0 ? 8 : 0);
-    q[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z0, low4), bias));
-    q[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z1, low4), bias));
-    q[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z0, 4), bias));
-    q[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z1, 4), bias));
-  }
+  codes<T>(blk, q);
   if constexpr (T == QType::Q4_1) {
     uint32_t dm;
     std::memcpy(&dm, blk, 4);
@@ -238,25 +230,86 @@ void dequant_t(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t nb, fl
   }
 }
 
-// two accumulators a row of x (weights 0-15 and 16-31 of each block): two short FMA chains
+// The codes of a block as fp32 (Q4_0's minus 8): the part of decode() before the scale
+template <QType T>
+inline void codes(const uint8_t* blk, __m256 q[4]) {
+  if constexpr (T == QType::Q8_0) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+  } else {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + block_bytes(T) - 16));
+    const __m256i z0 = _mm256_cvtepu8_epi32(v);
+    const __m256i z1 = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+    const __m256i low4 = _mm256_set1_epi32(0xF);
+    if constexpr (T == QType::Q4_0) {
+      const __m256i bias = _mm256_set1_epi32(8);
+      q[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z0, low4), bias));
+      q[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z1, low4), bias));
+      q[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z0, 4), bias));
+      q[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z1, 4), bias));
+    } else {
+      q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(z0, low4));
+      q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(z1, low4));
+      q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4));
+      q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4));
+    }
+  }
+}
+
+// The GEMV at AVX2 width is bound by the arithmetic that turns codes into weights (16 vector ops a
+// block before its 4 FMAs, twice AVX-512's count), not by memory. So the block's scale, and Q4_1's
+// offset, come out of the dot product: sum_j w_j x_j = d * sum_j q_j x_j (+ m * sum_j x_j), the same
+// sum as over the reference's weights w_j = d * q_j (+ m) (exact products of fp16 and 4- or 8-bit
+// integers, so these are the same real numbers) in another order of fp32 roundings. The sums of x
+// over each block are taken once a call. Two accumulators a row, even and odd blocks.
 template <QType T, int M>
 void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t n0, int64_t n1, const float* x,
             int64_t ldx, float* out, int64_t ldo) {
+  thread_local std::vector<float> sums;
+  if constexpr (T == QType::Q4_1) {
+    sums.resize(static_cast<size_t>(M * nb));
+    for (int r = 0; r < M; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + r * ldx + b * kBlock;
+        const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                       _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+        sums[r * nb + b] = hsum(s);
+      }
+    }
+  }
   for (int64_t i = n0; i < n1; ++i) {
     const uint8_t* row = w + i * row_bytes;
     __m256 acc[M][2];
+    float off[M] = {};
     for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const Block k = decode<T>(row + b * block_bytes(T));
+      const uint8_t* blk = row + b * block_bytes(T);
+      __m256 q[4];
+      codes<T>(blk, q);
+      float dm[4];
+      if constexpr (T == QType::Q4_1) {
+        uint32_t bits;
+        std::memcpy(&bits, blk, 4);
+        _mm_storeu_ps(dm, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))));  // [d, m, 0, 0]
+      } else {
+        dm[0] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(load_u16(blk))));
+      }
+      const __m256 d = _mm256_set1_ps(dm[0]);
       for (int r = 0; r < M; ++r) {
         const float* xb = x + r * ldx + b * kBlock;
-        acc[r][0] = _mm256_fmadd_ps(k.w[0], _mm256_loadu_ps(xb), acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(k.w[2], _mm256_loadu_ps(xb + 16), acc[r][1]);
-        acc[r][0] = _mm256_fmadd_ps(k.w[1], _mm256_loadu_ps(xb + 8), acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(k.w[3], _mm256_loadu_ps(xb + 24), acc[r][1]);
+        __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+        __m256 u = _mm256_mul_ps(q[2], _mm256_loadu_ps(xb + 16));
+        t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
+        u = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), u);
+        acc[r][b & 1] = _mm256_fmadd_ps(d, _mm256_add_ps(t, u), acc[r][b & 1]);
+        if constexpr (T == QType::Q4_1) off[r] += dm[1] * sums[r * nb + b];
       }
     }
-    for (int r = 0; r < M; ++r) out[r * ldo + i] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < M; ++r) out[r * ldo + i] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + off[r];
   }
 }
 
@@ -460,7 +513,7 @@ void run_gemv(const Kernels& kern, QType t, const uint8_t* w, int64_t row_bytes,
       const int64_t rows = std::min<int64_t>(kGemvGroup, m - r0);
       gemv[rows - 1](w, row_bytes, nb, n0, n1, x + r0 * k, k, out + r0 * n, n);
     }
-  });
+  }, 0, kGemvLingerNs);
 }
 
 void run_tiled(const Kernels& kern, QType t, const uint8_t* w, int64_t row_bytes, int64_t n, const float* x,

@@ -45,10 +45,7 @@
 namespace ctxfuse_pool {
 namespace {
 
-#ifndef CTXFUSE_POOL_SPIN_NS
-#define CTXFUSE_POOL_SPIN_NS 20000
-#endif
-constexpr int64_t kSpinNs = CTXFUSE_POOL_SPIN_NS;  // a waiting thread spins this long before it sleeps
+constexpr int64_t kSpinNs = 20000;  // a waiting thread spins this long before it sleeps (by default)
 
 // One region: fn(begin, end, participant) over [0, n) in chunks of `chunk` items.
 struct Job {
@@ -77,11 +74,12 @@ struct Job {
 
 inline thread_local bool t_in_region = false;  // this thread runs a region's items (or is a worker)
 
-// Spin for about kSpinNs, then sleep on cv under mu, until done() holds.
+// Spin for about spin_ns, then sleep on cv under mu, until done() holds.
 template <class Done>
-void await(std::mutex& mu, std::condition_variable& cv, std::atomic<int>& sleepers, Done&& done) {
+void await(std::mutex& mu, std::condition_variable& cv, std::atomic<int>& sleepers, int64_t spin_ns,
+           Done&& done) {
   if (done()) return;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(kSpinNs);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
   for (int i = 1;; ++i) {
     CTXFUSE_POOL_PAUSE();
     if (done()) return;
@@ -111,9 +109,10 @@ class Pool {
  public:
   // Run fn(begin, end, participant) over [0, n) in chunks; participants < threads.
   template <class F>
-  void run(int64_t n, int64_t chunk, int threads, F& fn) {
+  void run(int64_t n, int64_t chunk, int threads, F& fn, int64_t linger_ns) {
     std::lock_guard<std::mutex> region(region_mu_);  // one region at a time
     grow(threads - 1);
+    linger_ns_.store(linger_ns, std::memory_order_relaxed);
     Job job;
     job.call = [](void* ctx, int64_t b, int64_t e, int p) { (*static_cast<F*>(ctx))(b, e, p); };
     job.ctx = &fn;
@@ -126,7 +125,7 @@ class Pool {
     t_in_region = true;
     job.work(0);
     t_in_region = false;
-    await(done_mu_, done_cv_, done_sleepers_,
+    await(done_mu_, done_cv_, done_sleepers_, kSpinNs,
           [&] { return job.pending.load(std::memory_order_acquire) == 0; });
     if (job.failed.load(std::memory_order_acquire)) std::rethrow_exception(job.error);
   }
@@ -168,7 +167,7 @@ class Pool {
   void loop(Worker* w, int participant) {
     t_in_region = true;  // nested regions on a worker run inline
     for (;;) {
-      await(work_mu_, work_cv_, work_sleepers_,
+      await(work_mu_, work_cv_, work_sleepers_, linger_ns_.load(std::memory_order_relaxed),
             [w] { return w->slot.load(std::memory_order_acquire) != nullptr; });
       Job* job = w->slot.exchange(nullptr, std::memory_order_acq_rel);
       job->work(participant);
@@ -183,6 +182,7 @@ class Pool {
   std::mutex work_mu_, done_mu_;
   std::condition_variable work_cv_, done_cv_;
   std::atomic<int> work_sleepers_{0}, done_sleepers_{0};
+  std::atomic<int64_t> linger_ns_{kSpinNs};  // how long workers spin for the next job: the last region's
 };
 
 }  // namespace
@@ -193,9 +193,10 @@ inline int num_threads() { return std::max(1, at::get_num_threads()); }
 // fn(begin, end, participant) over [0, n) in chunks of `chunk` items handed out dynamically;
 // participant in [0, threads) names the thread (0: the caller) for per-thread scratch. Uses at most
 // `threads` participants (num_threads() when <= 0), fewer when there are fewer chunks. Runs inline
-// (participant 0) for one thread or chunk, or inside another region.
+// (participant 0) for one thread or chunk, or inside another region. After the region the workers
+// spin `linger_ns` for the next one before they sleep (waking a sleeping one costs tens of us).
 template <class F>
-void parallel_for(int64_t n, int64_t chunk, F&& fn, int threads = 0) {
+void parallel_for(int64_t n, int64_t chunk, F&& fn, int threads = 0, int64_t linger_ns = kSpinNs) {
   if (n <= 0) return;
   chunk = std::max<int64_t>(1, chunk);
   if (threads <= 0) threads = num_threads();
@@ -204,7 +205,7 @@ void parallel_for(int64_t n, int64_t chunk, F&& fn, int threads = 0) {
     fn(int64_t{0}, n, 0);
     return;
   }
-  Pool::get().run(n, chunk, threads, fn);
+  Pool::get().run(n, chunk, threads, fn, linger_ns);
 }
 
 }  // namespace ctxfuse_pool
