@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -71,6 +72,39 @@ def load_extension(name: str, *sources: Path) -> ModuleType | None:
             stacklevel=2,
         )
         return None
+
+
+class Extension:
+    """One C++ extension as its Python wrapper uses it, built (or loaded) on first use: `get()` gives
+    the module or None (after the build's warning), `available()` says which, and `module()` raises
+    RuntimeError naming the extension where it could not be built. `on_load` runs once on the module
+    (gguf_matmul applies CTXFUSE_CPU_ISA there)."""
+
+    def __init__(
+        self, name: str, *sources: Path, on_load: Callable[[ModuleType], None] | None = None
+    ) -> None:
+        self.name = name
+        self.sources = sources
+        self._on_load = on_load
+        self._ready = False
+
+    def get(self) -> ModuleType | None:
+        ext = load_extension(self.name, *self.sources)
+        if ext is not None and not self._ready:
+            if self._on_load is not None:
+                self._on_load(ext)
+            self._ready = True
+        return ext
+
+    def available(self) -> bool:
+        """Whether the module builds (or is cached) here; the first call builds it."""
+        return self.get() is not None
+
+    def module(self) -> ModuleType:
+        ext = self.get()
+        if ext is None:
+            raise RuntimeError(f"the C++ extension {self.name!r} could not be built here (see the warning)")
+        return ext
 
 
 ISAS = ("scalar", "avx2", "avx512")  # the vector paths of the extensions, narrowest first

@@ -24,7 +24,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.build import ISAS, isa_cap, load_extension
+from kernels.cpu.build import ISAS, Extension, isa_cap
 
 BLOCK = 32  # weights a block, every format
 
@@ -119,26 +119,22 @@ class GGUFWeight:
         return GGUFWeight(torch.cat([w.data for w in weights]), first.qtype, first.in_features)
 
 
-@cache
-def _ext() -> ModuleType | None:
-    ext = load_extension("gguf_matmul", Path(__file__).with_suffix(".cpp"))
+def _apply_isa_cap(ext: ModuleType) -> None:
     cap = isa_cap()
-    if ext is not None and cap is not None:  # the widest supported path no wider than the cap
+    if cap is not None:  # the widest supported path no wider than the cap
         allowed = ISAS[: ISAS.index(cap) + 1]
         ext.set_isa(next(name for name in ext.supported_isas() if name in allowed))
-    return ext
+
+
+_EXT = Extension("gguf_matmul", Path(__file__).with_suffix(".cpp"), on_load=_apply_isa_cap)
 
 
 def available() -> bool:
     """The compiled kernel built (or loaded from the cache) here."""
-    return _ext() is not None
+    return _EXT.available()
 
 
-def _require() -> ModuleType:
-    ext = _ext()
-    if ext is None:
-        raise RuntimeError("gguf_matmul: the C++ extension is not available here (see the build warning)")
-    return ext
+_require = _EXT.module
 
 
 class MatmulPath(enum.IntEnum):

@@ -10,32 +10,24 @@ keeps its PyTorch spelling. Tests: tests/kernels/test_cpu_norm_rope.py.
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from .build import load_extension
+from .build import Extension
 
 _SOURCE = Path(__file__).with_name("norm_rope.cpp")
 
 
-@cache
-def _ext() -> ModuleType | None:
-    return load_extension("norm_rope", _SOURCE)
+_EXT = Extension("norm_rope", _SOURCE)
 
 
 def available() -> bool:
-    """Whether the compiled ops load here (the first call builds them)."""
-    return _ext() is not None
+    """Whether the compiled kernels load here (the first call builds them)."""
+    return _EXT.available()
 
 
-def _module() -> ModuleType:
-    ext = _ext()
-    if ext is None:
-        raise RuntimeError("the CPU norm/RoPE extension could not be built (see the warning)")
-    return ext
+_module = _EXT.module
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

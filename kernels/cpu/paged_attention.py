@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import enum
 import math
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from .build import ISAS, isa_cap, load_extension
+from .build import ISAS, Extension, isa_cap
 
 HEAD_DIMS = (64, 128)  # compiled head sizes
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -51,21 +49,15 @@ class Isa(enum.IntEnum):
     AVX512 = 3
 
 
-@cache
-def _ext() -> ModuleType | None:
-    return load_extension("paged_attention", *_SOURCES)
+_EXT = Extension("paged_attention", *_SOURCES)
 
 
 def available() -> bool:
-    """Whether the compiled kernels load here (the first call builds them: tens of seconds)."""
-    return _ext() is not None
+    """Whether the compiled kernels load here (the first call builds them)."""
+    return _EXT.available()
 
 
-def _module() -> ModuleType:
-    ext = _ext()
-    if ext is None:
-        raise RuntimeError("the CPU paged-attention extension could not be built (see the warning)")
-    return ext
+_module = _EXT.module
 
 
 def supported_isas() -> tuple[Isa, ...]:

@@ -8,32 +8,24 @@ keeps its PyTorch spelling. Tests: tests/kernels/test_cpu_sampling.py.
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from .build import load_extension
+from .build import Extension
 
 _SOURCE = Path(__file__).with_name("sampling.cpp")
 
 
-@cache
-def _ext() -> ModuleType | None:
-    return load_extension("sampling", _SOURCE)
+_EXT = Extension("sampling", _SOURCE)
 
 
 def available() -> bool:
-    """Whether the compiled op loads here (the first call builds it)."""
-    return _ext() is not None
+    """Whether the compiled kernels load here (the first call builds them)."""
+    return _EXT.available()
 
 
-def _module() -> ModuleType:
-    ext = _ext()
-    if ext is None:
-        raise RuntimeError("the CPU sampling extension could not be built (see the warning)")
-    return ext
+_module = _EXT.module
 
 
 def noisy_argmax(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

@@ -417,7 +417,7 @@ def test_quantized_refuses_bad_input() -> None:
 
 
 def test_unavailable_extension_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pa, "_ext", lambda: None)
+    monkeypatch.setattr(pa._EXT, "get", lambda: None)
     assert not pa.available()
     with pytest.raises(RuntimeError, match="could not be built"):
         pa.paged_decode_cpu(**_dense_args())
