@@ -24,7 +24,6 @@ from cloud.model.loading import LoadedModel, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
 from cloud.model.weights import ModelWeights
-from kernels.cpu.sampling import available as cpu_sampling_available
 from shared.errors import InvalidRequestError, QueueFullError
 
 from .admission import Admission
@@ -139,9 +138,7 @@ class EngineCore:
             device,
             spare_blocks=1 if device.type == "cuda" else 0,
         )
-        self.sampler = Sampler()
-        if device.type == "cpu":
-            cpu_sampling_available()  # built (once per machine) now, not on the first sampled step
+        self.sampler = Sampler(device)
         self.grammars = GrammarCompiler(self.tokenizer, c.vocab_size)
         self.runner = ModelRunner(
             self.model,

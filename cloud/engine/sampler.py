@@ -86,8 +86,10 @@ def param_row(p: SamplingParams) -> tuple[tuple[float, float, float], tuple[int,
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self.grammars = GrammarMasks()
+        if device is not None and device.type == "cpu":
+            cpu_sampling_available()  # built (once per machine) now, not on the first sampled step
 
     @staticmethod
     def score(logits: torch.Tensor, targets: list[int], tops: list[int]) -> list[SampleResult]:
