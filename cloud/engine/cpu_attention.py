@@ -52,29 +52,27 @@ class CpuKernelAttention(KernelAttention):
         out = torch.empty_like(q)
         if decode is not None:
             out[:nd] = decode
-        for seq in meta.prefills:
-            rows = slice(seq.q_start, seq.q_start + seq.q_len)
-            if isinstance(cache, KVCache) and self._prefill_in_place(layer, q, cache, seq):
-                kc, vc = cache.blocks_view(layer)
-                prefill_attention_cpu(
-                    q[rows], kc, vc, seq.block_table, seq.start_pos, self.dense.scale, out=out[rows]
-                )
-            else:
-                out[rows] = self.reference_prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta)
+        self.prefill_rows(layer, q, k, v, cache, meta, out)
         return out
 
-    def _prefill_in_place(self, layer: int, q: torch.Tensor, cache: KVCache, seq: PrefillSeq) -> bool:
-        """Whether a chunk runs the prefill kernel: an fp32 cache (it reads the chunk's own keys
-        there, as written), dense attention for this chunk (the reference's sparse prefill starts
-        past the budget) and no dropped window."""
+    def prefill_kernel(
+        self, layer: int, q: torch.Tensor, cache: AnyKVCache, seq: PrefillSeq, out: torch.Tensor
+    ) -> bool:
+        """The C++ prefill kernel takes a chunk over an fp32 cache (it reads the chunk's own keys
+        there, as written) with dense attention (the reference's sparse prefill starts past the
+        budget) and no dropped window."""
         s = self.sparse
-        return (
-            type(cache) is KVCache  # not the fp8 one
-            and cache.dtype == torch.float32
-            and q.dtype == torch.float32
-            and seq.sink_shift == 0
-            and not (s is not None and self.sparse_layer(layer) and seq.start_pos > s.config.budget)
-        )
+        if (
+            type(cache) is not KVCache  # quantized or fp8: the reference keeps the chunk's keys unrounded
+            or cache.dtype != torch.float32
+            or q.dtype != torch.float32
+            or seq.sink_shift
+            or (s is not None and self.sparse_layer(layer) and seq.start_pos > s.config.budget)
+        ):
+            return False
+        kc, vc = cache.blocks_view(layer)
+        prefill_attention_cpu(q, kc, vc, seq.block_table, seq.start_pos, self.dense.scale, out=out)
+        return True
 
     def _decode(
         self, layer: int, q: torch.Tensor, cache: AnyKVCache, tables: torch.Tensor, lens: torch.Tensor

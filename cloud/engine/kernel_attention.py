@@ -47,7 +47,17 @@ class KernelAttention:
         meta: AttentionMetadata,
         out: torch.Tensor,
     ) -> None:
-        """Every prefill chunk of the step through the reference, into out's rows."""
+        """Every prefill chunk of the step into out's rows: through `prefill_kernel` where it takes
+        the chunk, else through the reference."""
         for seq in meta.prefills:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)
-            out[rows] = self.reference_prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta)
+            if not self.prefill_kernel(layer, q[rows], cache, seq, out[rows]):
+                out[rows] = self.reference_prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta)
+
+    def prefill_kernel(
+        self, layer: int, q: torch.Tensor, cache: AnyKVCache, seq: PrefillSeq, out: torch.Tensor
+    ) -> bool:
+        """Attend one chunk (q: [n, heads, d], its keys and values already in the cache) with the
+        backend's own kernel into out, or return False for the reference. None here: the Triton
+        backend runs the step's chunks in one varlen launch before it comes to this."""
+        return False

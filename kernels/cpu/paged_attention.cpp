@@ -215,11 +215,16 @@ int64_t best_isa() {
   return 1;
 }
 
-const Kernels& kernels(int64_t isa) {
+// The level a call runs: `isa` (0: the best), refused when this CPU cannot run it
+int64_t isa_level(int64_t isa) {
   const int64_t best = best_isa();
   TORCH_CHECK_VALUE(isa >= 0 && isa <= best, "ISA level ", isa, " is not available here (best: ",
                     best, ")");
-  const int64_t level = isa == 0 ? best : isa;
+  return isa == 0 ? best : isa;
+}
+
+const Kernels& kernels(int64_t isa) {
+  const int64_t level = isa_level(isa);
 #ifdef PA_X86
   if (level == 3) return avx512::kKernels;
   if (level == 2) return avx2::kKernels;

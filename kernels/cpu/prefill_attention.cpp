@@ -118,16 +118,13 @@ using ItemFn = void (*)(const Problem&, const Item&, float* scratch);
 #endif
 
 namespace pa {
-int64_t best_isa();  // paged_attention.cpp: 1 scalar, 2 AVX2, 3 AVX-512
+int64_t isa_level(int64_t isa);  // paged_attention.cpp: 1 scalar, 2 AVX2, 3 AVX-512 (0: the best)
 }  // namespace pa
 
 namespace pf {
 
 ItemFn item_fn(int64_t isa) {
-  const int64_t best = pa::best_isa();
-  TORCH_CHECK_VALUE(isa >= 0 && isa <= best, "ISA level ", isa, " is not available here (best: ",
-                    best, ")");
-  const int64_t level = isa == 0 ? best : isa;
+  const int64_t level = pa::isa_level(isa);
 #ifdef PF_X86
   if (level == 3) return avx512::run_item;
   if (level == 2) return avx2::run_item;
