@@ -5,21 +5,29 @@ RMSNorm, RoPE in place and SiLU(gate) * up, fp32 only. Same signatures and math 
 takes cos and sin as [T, d].
 
 Built once per machine (build.py); `available()` is False where it cannot be built, and the model
-keeps its PyTorch spelling. Tests: tests/kernels/test_cpu_norm_rope.py.
+keeps its PyTorch spelling. The row loops are vectorized for AVX2 and AVX-512, chosen at run time
+(`CTXFUSE_CPU_ISA` caps the choice; `set_isa` for tests). Tests: tests/kernels/test_cpu_norm_rope.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
-from .build import Extension
+from .build import ISAS, Extension, isa_cap
 
 _SOURCE = Path(__file__).with_name("norm_rope.cpp")
 
 
-_EXT = Extension("norm_rope", _SOURCE)
+def _apply_isa_cap(ext: ModuleType) -> None:
+    cap = isa_cap()  # CTXFUSE_CPU_ISA: the widest path allowed (levels 1..3 are ISAS' order)
+    if cap is not None:
+        ext.set_isa(min(ISAS.index(cap) + 1, ext.best_isa()))
+
+
+_EXT = Extension("norm_rope", _SOURCE, on_load=_apply_isa_cap)
 
 
 def available() -> bool:
@@ -28,6 +36,22 @@ def available() -> bool:
 
 
 _module = _EXT.module
+
+
+def isa() -> str:
+    """The vector path the kernels take: scalar, avx2 or avx512."""
+    return ISAS[int(_module().isa()) - 1]
+
+
+def set_isa(name: str) -> None:
+    """Take a narrower vector path than the widest (tests, benchmarks); ValueError where this CPU
+    has not got it."""
+    _module().set_isa(ISAS.index(name) + 1)
+
+
+def supported_isas() -> list[str]:
+    """The vector paths this CPU runs, widest first."""
+    return list(reversed(ISAS[: int(_module().best_isa())]))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import math
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -60,6 +61,7 @@ def available() -> bool:
 _module = _EXT.module
 
 
+@cache
 def supported_isas() -> tuple[Isa, ...]:
     """Every path this CPU runs, lowest first (the last is the default)."""
     return tuple(Isa(level) for level in range(1, int(_module().best_isa()) + 1))
@@ -129,11 +131,16 @@ def _check_cache(k_cache: object, v_cache: object) -> tuple[int, int, int, int]:
 
 def _isa_level(isa: Isa | None) -> int:
     if isa is None:
-        cap = isa_cap()  # CTXFUSE_CPU_ISA, else the widest path (0)
-        return 0 if cap is None else min(ISAS.index(cap) + 1, int(supported_isas()[-1]))
+        return _default_level()
     if not isinstance(isa, Isa) or isa not in supported_isas():
         raise ValueError(f"isa {isa!r} is not one this CPU runs: {supported_isas()}")
     return int(isa)
+
+
+@cache
+def _default_level() -> int:
+    cap = isa_cap()  # CTXFUSE_CPU_ISA, else the widest path (0)
+    return 0 if cap is None else min(ISAS.index(cap) + 1, int(supported_isas()[-1]))
 
 
 def _query32(q: torch.Tensor) -> torch.Tensor:

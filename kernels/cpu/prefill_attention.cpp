@@ -362,7 +362,7 @@ void run_item(const Problem& p, const Item& it, float* scratch) {
       for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(st + j * rp + r));
       V sum = vzero();
       for (int64_t j = 0; j < nk; ++j) {
-        const V e = vexp(vsub(vload(st + j * rp + r), mx));
+        const V e = vexp_nonpos(vsub(vload(st + j * rp + r), mx));
         vstore(st + j * rp + r, e);
         sum = vadd(sum, e);
       }

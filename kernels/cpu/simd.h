@@ -5,7 +5,9 @@
 // CTXFUSE_SIMD_WIDTH set to the pass's width.
 //
 // vexp is Cephes' expf (~1 ulp over the range that matters); below -87, -inf included, it gives 0,
-// so a masked score (-inf) contributes nothing and never a NaN.
+// so a masked score (-inf) contributes nothing and never a NaN. vexp_nonpos is for a softmax's
+// exp(s - max) <= 1: no upper clamp, and below -87 it gives exp(-87) ~ 1.6e-38 rather than 0 (two
+// instructions fewer; no fp32 sum that holds the max's exp(0) = 1 can tell).
 
 #if CTXFUSE_SIMD_WIDTH == 16
 using V = __m512;
@@ -26,9 +28,8 @@ inline V vmask_below(V x, V bound, float at) {
   const __mmask16 out = _mm512_cmp_ps_mask(bound, vset(at), _CMP_LT_OQ);
   return _mm512_mask_blend_ps(out, x, vset(-__builtin_inff()));
 }
-inline V vexp(V x) {
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, vset(-87.0f), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, vset(-87.0f)), vset(88.0f));
+// 2^n * e^r for x = n ln2 + r, x already within [-87, 88]
+inline V vexp_in_range(V x) {
   const V n = _mm512_roundscale_ps(vmul(x, vset(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm512_fnmadd_ps(n, vset(0.693359375f), x);
@@ -41,8 +42,14 @@ inline V vexp(V x) {
   y = vfma(y, vmul(r, r), _mm512_add_ps(r, vset(1.0f)));
   const __m512i e =
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mask_blend_ps(tiny, vmul(y, _mm512_castsi512_ps(e)), vzero());
+  return vmul(y, _mm512_castsi512_ps(e));
 }
+inline V vexp(V x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, vset(-87.0f), _CMP_LT_OQ);
+  const V y = vexp_in_range(_mm512_min_ps(_mm512_max_ps(x, vset(-87.0f)), vset(88.0f)));
+  return _mm512_mask_blend_ps(tiny, y, vzero());
+}
+inline V vexp_nonpos(V x) { return vexp_in_range(_mm512_max_ps(x, vset(-87.0f))); }
 
 #elif CTXFUSE_SIMD_WIDTH == 8
 using V = __m256;
@@ -70,9 +77,7 @@ inline float vhmax(V x) {
 inline V vmask_below(V x, V bound, float at) {
   return _mm256_blendv_ps(x, vset(-__builtin_inff()), _mm256_cmp_ps(bound, vset(at), _CMP_LT_OQ));
 }
-inline V vexp(V x) {
-  const V tiny = _mm256_cmp_ps(x, vset(-87.0f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, vset(-87.0f)), vset(88.0f));
+inline V vexp_in_range(V x) {
   const V n = _mm256_round_ps(vmul(x, vset(1.44269504088896341f)),
                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm256_fnmadd_ps(n, vset(0.693359375f), x);
@@ -85,8 +90,14 @@ inline V vexp(V x) {
   y = vfma(y, vmul(r, r), _mm256_add_ps(r, vset(1.0f)));
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(vmul(y, _mm256_castsi256_ps(e)), vzero(), tiny);
+  return vmul(y, _mm256_castsi256_ps(e));
 }
+inline V vexp(V x) {
+  const V tiny = _mm256_cmp_ps(x, vset(-87.0f), _CMP_LT_OQ);
+  const V y = vexp_in_range(_mm256_min_ps(_mm256_max_ps(x, vset(-87.0f)), vset(88.0f)));
+  return _mm256_blendv_ps(y, vzero(), tiny);
+}
+inline V vexp_nonpos(V x) { return vexp_in_range(_mm256_max_ps(x, vset(-87.0f))); }
 
 #else  // plain C++: a "vector" is one float
 using V = float;
@@ -103,4 +114,5 @@ inline V vmax(V a, V b) { return std::max(a, b); }
 inline float vhmax(V x) { return x; }
 inline V vmask_below(V x, V bound, float at) { return bound < at ? -__builtin_inff() : x; }
 inline V vexp(V x) { return std::exp(x); }
+inline V vexp_nonpos(V x) { return std::exp(x); }
 #endif

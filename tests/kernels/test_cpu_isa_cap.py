@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu import gguf_matmul, paged_attention
+from kernels.cpu import gguf_matmul, norm_rope, paged_attention
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = (
-    "from kernels.cpu import gguf_matmul, paged_attention\n"
-    "print(gguf_matmul.isa(), paged_attention._isa_level(None))\n"
+    "from kernels.cpu import gguf_matmul, norm_rope, paged_attention\n"
+    "print(gguf_matmul.isa(), paged_attention._isa_level(None), norm_rope.isa())\n"
 )
 
 
@@ -25,15 +25,15 @@ def _probe(cap: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(
-    not (gguf_matmul.available() and paged_attention.available()),
+    not (gguf_matmul.available() and paged_attention.available() and norm_rope.available()),
     reason="the C++ kernels cannot be built here",
 )
-def test_the_cap_selects_a_narrower_path_in_both_extensions() -> None:
+def test_the_cap_selects_a_narrower_path_in_every_extension() -> None:
     out = _probe("scalar")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["scalar", "1"]
+    assert out.stdout.split() == ["scalar", "1", "scalar"]
     if "avx2" in gguf_matmul.supported_isas():
-        assert _probe("AVX2").stdout.split() == ["avx2", "2"]
+        assert _probe("AVX2").stdout.split() == ["avx2", "2", "avx2"]
 
 
 def test_an_unknown_cap_is_refused() -> None:
