@@ -24,7 +24,7 @@ import uvicorn
 
 from gateway.bench.serve import free_port
 from gateway.bench.serving import add_serve_bench_parser
-from gateway.bench.serving.client import Target, make_client, request_body
+from gateway.bench.serving.client import Target, make_client, request_body, send
 from gateway.bench.serving.dataset import long_doc_prompts, random_prompts
 from gateway.bench.serving.metrics import percentile, stats_ms
 from gateway.bench.serving.options import ServeBenchOptions
@@ -387,6 +387,94 @@ def test_failed_requests_are_counted_with_their_messages(serve: Any, tmp_path: P
         "the stream ended without [DONE] or a finish reason",
     ]
     assert f.total_output_tokens == 6 and f.ttft_ms and f.ttft_ms.count == 2
+
+
+class OneAnswerPerConnection:
+    """A raw HTTP/1.1 server that answers the first request on a connection (keep-alive, a whole
+    SSE stream) and drops every later one unanswered: a server closing a kept-alive connection as
+    the next request goes out. `answers=0`: it drops every request."""
+
+    def __init__(self, answers: int = 1) -> None:
+        self.answers = answers
+        self.connections = 0
+        self.dropped = 0
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        async def main() -> None:
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            started.set()
+
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="one-answer")
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(main(), self.loop)
+        assert started.wait(10)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                if served >= self.answers:
+                    self.dropped += 1
+                    return
+                s = Script(tokens=2)
+                body = _chunk(s, True, None) + _chunk(s, True, " a") + _chunk(s, True, " b")
+                body += _chunk(s, True, None, "length") + b"data: [DONE]\n\n"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+                served += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def _send_all(url: str, n: int) -> list[RequestRecord]:
+    async def go() -> list[RequestRecord]:
+        target = Target(url, "m", "chat")
+        body = request_body(target, random_prompts(1, 4, 2, 0.0, seed=0)[0], 0.0, False)
+        async with make_client(1, None) as client:
+            return [await send(client, target, body, 4) for _ in range(n)]
+
+    return asyncio.run(go())
+
+
+def test_a_request_dropped_on_a_closed_kept_alive_connection_is_sent_again_once() -> None:
+    server = OneAnswerPerConnection()
+    try:
+        got = _send_all(server.url, 4)
+        assert [r.ok for r in got] == [True] * 4 and all(r.output_tokens == 2 for r in got)
+        assert server.connections == 4 and server.dropped == 3  # each later request: one drop, one resend
+    finally:
+        server.stop()
+    never = OneAnswerPerConnection(answers=0)
+    try:
+        got = _send_all(never.url, 2)
+        assert [r.ok for r in got] == [False, False] and never.dropped == 4  # once more, not forever
+        assert all("RemoteProtocolError" in (r.error or "") for r in got)
+    finally:
+        never.stop()
 
 
 def test_records_of_a_run_hold_the_tpot_identity(serve: Any) -> None:
