@@ -8,6 +8,8 @@ from pathlib import Path
 
 
 def add_batch_options(p: argparse.ArgumentParser) -> None:
+    from gateway.config import GatewayConfig
+
     g = p.add_argument_group("batch API (/v1/files, /v1/batches)")
     g.add_argument(
         "--data-dir",
@@ -16,3 +18,18 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
         help="directory of the batch database: files, batches, results, idempotency keys; one gateway "
         "process per directory, a second refuses to start (default CTXFUSE_HOME/gateway)",
     )
+    d = GatewayConfig()
+    g.add_argument(
+        "--max-running-batches",
+        type=_positive_int,
+        default=d.max_running_batches,
+        help="batches run side by side, each a few requests at a time at low priority; a batch that "
+        f"keeps failing is failed on its own and holds one of these (default {d.max_running_batches})",
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

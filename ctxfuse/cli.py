@@ -160,6 +160,12 @@ def _add_certs(p: argparse.ArgumentParser) -> None:
     add_certs_parser(p)
 
 
+def _add_keys(p: argparse.ArgumentParser) -> None:
+    from ctxfuse.keys_cli import add_keys_parser
+
+    add_keys_parser(p)
+
+
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from cloud.bench.gpu_check import add_gpu_check_parser
     from cloud.bench.longctx import add_longctx_parser
@@ -229,6 +235,12 @@ COMMANDS = (
         "certificates for the gateway's edge listener (mutual TLS): CA, server, devices, revocation",
         "edge",
         _add_certs,
+    ),
+    Command(
+        "keys",
+        "tenants' API keys for the gateway: create, list, rotate, revoke (stored hashed)",
+        "cloud",
+        _add_keys,
     ),
     Command("bench", "benchmarks", "cloud", _add_bench),
 )

@@ -4,8 +4,12 @@ agent on a device)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+EDGE_KEY_ENV = "CTXFUSE_EDGE_API_KEY"
 
 
 def add_edge_listener_options(p: argparse.ArgumentParser) -> None:
@@ -49,11 +53,35 @@ def check_edge_listener(args: argparse.Namespace) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    why: str
+
+
+def _agent_key(args: argparse.Namespace) -> str | _Refused | None:
+    """--api-key, else the first line of --api-key-file, else $CTXFUSE_EDGE_API_KEY (the order of
+    `ctxfuse serve`'s key, with the environment last so a file given on the command line wins)."""
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file is not None:
+        try:
+            lines = args.api_key_file.read_text().strip().splitlines()
+        except OSError as exc:
+            return _Refused(f"--api-key-file {args.api_key_file}: no key could be read ({exc})")
+        key = lines[0].strip() if lines else ""
+        return key or _Refused(f"--api-key-file {args.api_key_file} is empty")
+    return os.environ.get(EDGE_KEY_ENV) or None
+
+
 def _cmd_edge(args: argparse.Namespace) -> int:
     from ctxfuse.vision_cli import vision_options
     from edge.config import EdgeConfig
     from edge.server import agent_server
 
+    api_key = _agent_key(args)
+    if isinstance(api_key, _Refused):
+        print(f"ctxfuse edge: {api_key.why}", file=sys.stderr)
+        return 2
     config = EdgeConfig(
         gateway_url=args.gateway,
         tls_dir=args.tls_dir,
@@ -66,6 +94,9 @@ def _cmd_edge(args: argparse.Namespace) -> int:
         outbox_full_policy=args.outbox_full_policy,
         retry_cap_s=args.retry_cap_s,
         vision=vision_options(args),
+        api_key=api_key,
+        allowed_hosts=tuple(args.allowed_host),
+        allowed_origins=tuple(args.allowed_origin),
     )
     server = agent_server(config, args.log_level)
     print(
@@ -87,7 +118,11 @@ def add_edge_parser(p: argparse.ArgumentParser) -> None:
         "--tls-dir", type=Path, required=True, help="CA certificate and this device's certificate and key"
     )
     p.add_argument("--name", required=True, help="this device's name, as its certificate was issued")
-    p.add_argument("--host", default=d.host, help=f"address apps connect to (default {d.host})")
+    p.add_argument(
+        "--host",
+        default=d.host,
+        help=f"address apps connect to (default {d.host}; any address off loopback is warned about)",
+    )
     p.add_argument("--port", type=int, default=d.port, help=f"port apps connect to (default {d.port})")
     p.add_argument(
         "--state-dir",
@@ -119,6 +154,35 @@ def add_edge_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         default=d.chunk_threshold,
         help=f"strings of at least this many bytes travel as chunks (default {d.chunk_threshold})",
+    )
+    g = p.add_argument_group("who may use the agent's port (the device's identity stands behind it)")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` from apps (default: --api-key-file, else"
+        f" ${EDGE_KEY_ENV}, else none)",
+    )
+    g.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="read the key from this file's first line (keeps it out of the process list)",
+    )
+    g.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name apps may use besides localhost, 127.0.0.1 and [::1] (repeat for more;"
+        " ports are ignored)",
+    )
+    g.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page origin (e.g. http://localhost:3000) that may call the agent; requests from"
+        " any other page get a 403 (default: none)",
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     add_image_options(p)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxfuse.engine_cli import add_engine_options, engine_config
@@ -18,16 +20,51 @@ if TYPE_CHECKING:
 def http_config(args: argparse.Namespace) -> GatewayConfig:
     """The gateway's HTTP side from add_gateway_options' flags."""
     from gateway.config import GatewayConfig
+    from shared.conn_limits import ConnLimits
 
+    limits = ConnLimits(
+        header_timeout_s=args.header_timeout,
+        max_header_bytes=int(args.max_header_kib * 1024),
+        max_connections=args.max_connections,
+        max_connection_requests=args.max_connection_requests,
+        max_connection_age_s=args.max_connection_age,
+    )
     return GatewayConfig(
         host=args.host,
         port=args.port,
-        api_key=args.api_key or None,
+        api_key=api_key_of(args),
         log_content=args.log_content,
+        share_prefix_cache=args.share_prefix_cache,
         max_body_bytes=int(args.max_body_mib * 2**20),
         shutdown_timeout_s=args.shutdown_timeout,
         log_level=args.log_level,
+        conn_limits=limits,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
+
+
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $CTXFUSE_API_KEY (the parser's default)."""
+    from shared.errors import CtxfuseError
+
+    if args.api_key_file is not None and not args.api_key:
+        try:
+            key = args.api_key_file.read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError) as exc:
+            raise CtxfuseError(f"--api-key-file {args.api_key_file}: no key could be read ({exc})") from exc
+        return key or None
+    return args.api_key or None
+
+
+def check_tls_options(args: argparse.Namespace) -> str | None:
+    """A problem with --ssl-certfile/--ssl-keyfile, or None."""
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        return "--ssl-certfile and --ssl-keyfile go together"
+    for path in (args.ssl_certfile, args.ssl_keyfile):
+        if path is not None and not path.is_file():
+            return f"{path} does not exist (make one with `ctxfuse certs server DIR --host NAME`)"
+    return None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -36,7 +73,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ctxfuse.vision_cli import ensure_vision_files, vision_options
     from gateway.server import serve
 
-    problem = check_edge_listener(args)
+    problem = check_edge_listener(args) or check_tls_options(args)
     if problem:
         print(f"ctxfuse: {problem}", file=sys.stderr)
         return 2
@@ -49,6 +86,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         chunk_store_mib=args.chunk_store_mib,
         device_max_in_flight=args.device_max_in_flight,
         data_dir=args.data_dir,
+        max_running_batches=args.max_running_batches,
         vision=vision_options(args),
         engine_process=not args.engine_in_process,
     )
@@ -80,6 +118,18 @@ def add_gateway_options(p: argparse.ArgumentParser) -> None:
         help="require `Authorization: Bearer KEY` on API routes (default: $CTXFUSE_API_KEY, else none)",
     )
     g.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="read the --api-key from this file's first line (keeps it out of the process list); "
+        "tenants' own keys come from `ctxfuse keys create`",
+    )
+    g.add_argument(
+        "--share-prefix-cache",
+        action="store_true",
+        help="let tenants reuse one another's cached prompt prefixes (default: each tenant's cache is "
+        "its own, so cached_tokens and TTFT never reveal what another tenant sent)",
+    )
+    g.add_argument(
         "--log-content", action="store_true", help="write prompts and completions into the request log"
     )
     g.add_argument(
@@ -100,6 +150,66 @@ def add_gateway_options(p: argparse.ArgumentParser) -> None:
         default=d.log_level,
         help=f"log level (default {d.log_level})",
     )
+    g.add_argument(
+        "--ssl-certfile",
+        type=Path,
+        default=None,
+        help="serve the OpenAI port over TLS with this certificate (PEM), e.g. the server.pem of "
+        "`ctxfuse certs server DIR --host NAME` (default: plain HTTP)",
+    )
+    g.add_argument("--ssl-keyfile", type=Path, default=None, help="the key of --ssl-certfile (PEM)")
+    add_connection_options(p)
+
+
+def add_connection_options(p: argparse.ArgumentParser) -> None:
+    from shared.conn_limits import ConnLimits
+
+    d = ConnLimits()
+    g = p.add_argument_group("connections (each listener: the OpenAI port and the edge listener)")
+    g.add_argument(
+        "--header-timeout",
+        type=_positive(float),
+        default=d.header_timeout_s,
+        help=f"seconds a client has to send a request's head; then the connection closes "
+        f"(default {d.header_timeout_s:g})",
+    )
+    g.add_argument(
+        "--max-header-kib",
+        type=_positive(float),
+        default=d.max_header_bytes / 1024,
+        help=f"largest request head in KiB; larger gets a 431 (default {d.max_header_bytes / 1024:g})",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=d.max_connections,
+        help=f"open connections per listener; more get a 503 and are closed (default {d.max_connections})",
+    )
+    g.add_argument(
+        "--max-connection-requests",
+        type=_positive(int),
+        default=d.max_connection_requests,
+        help="requests on one kept-alive connection before it is closed "
+        f"(default {d.max_connection_requests})",
+    )
+    g.add_argument(
+        "--max-connection-age",
+        type=_positive(float),
+        default=d.max_connection_age_s,
+        help=f"seconds a kept-alive connection is reused; the next response closes it "
+        f"(default {d.max_connection_age_s:g})",
+    )
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
+    return parse
 
 
 def add_serve_parser(sv: argparse.ArgumentParser) -> None:

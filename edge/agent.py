@@ -27,9 +27,11 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
 from litestar.response import Stream
+from litestar.types import ASGIApp
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from shared.errors import InvalidRequestError, ModelLoadError
+from shared.forwarded_path import UnsafePathError, forwarded_path
 from shared.tls import client_context
 
 from . import batch_routes
@@ -40,6 +42,7 @@ from .errors import JSON
 from .errors import error_response as _error
 from .forwarder import Forwarder
 from .images import replace_images
+from .local_guard import GuardPolicy, LocalGuard
 from .outbox import Outbox
 from .uplink import GatewayUnreachable, Uplink
 from .vision.features import ImagePipeline
@@ -170,8 +173,12 @@ async def completions(request: AnyRequest) -> Response[Any]:
 @get(["/v1/models", "/v1/models/{model_id:path}"])
 async def models(request: AnyRequest) -> Response[Any]:
     agent = _agent(request)
+    try:  # the path as the app sent it, checked (a decoded `../` would reach other gateway routes)
+        path = forwarded_path(request.scope["raw_path"])
+    except UnsafePathError as exc:
+        return _error(400, exc.message, exc.code or "invalid_path")
     try:
-        resp = await agent.uplink.get(request.url.path)
+        resp = await agent.uplink.get(path)
     except GatewayUnreachable as exc:
         return _unreachable(agent, exc)
     return Response(
@@ -189,8 +196,10 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def create_agent_app(agent: Agent) -> Litestar:
-    return Litestar(
+def create_agent_app(agent: Agent) -> ASGIApp:
+    """The agent's routes behind the local guard (who may use the port: local_guard.py)."""
+    cfg = agent.config
+    app = Litestar(
         route_handlers=[chat_completions, completions, models, metrics, health, *batch_routes.ROUTES],
         state=State({"agent": agent}),
         on_startup=[agent.start],
@@ -199,3 +208,4 @@ def create_agent_app(agent: Agent) -> Litestar:
         openapi_config=None,
         logging_config=None,
     )
+    return LocalGuard(app, GuardPolicy.of(cfg.api_key, cfg.allowed_hosts, cfg.allowed_origins))

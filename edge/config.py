@@ -37,6 +37,10 @@ class EdgeConfig:
     poll_max_s: float = 60.0
     vision: VisionOptions = field(default_factory=VisionOptions)  # image caps, allowed image URL hosts
     max_body_bytes: int = 64 * 2**20  # an app's chat body, images in base64 included; larger: 413
+    # who may use the local port (local_guard.py): the device's identity stands behind every answer
+    api_key: str | None = field(default=None, repr=False)  # when set, apps send `Bearer <key>`
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides localhost, 127.0.0.1, [::1]
+    allowed_origins: tuple[str, ...] = ()  # web pages that may call the agent (CORS); others: 403
 
     @property
     def state(self) -> Path:

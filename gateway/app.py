@@ -1,6 +1,7 @@
 """The gateway as an ASGI app: Litestar routes inside the API-key check, inside request observation.
 
-Observe (request id, log line, http metrics) -> RequireApiKey (when a key is set) -> Litestar
+Observe (request id, log line, http metrics) -> Authenticate (who calls: a tenant's key, the
+server's --api-key or an open server; per-key limits) -> Litestar
 
 The app's lifespan starts and stops the batch runner (batch_runner.py), which runs the Batch API's work.
 
@@ -24,9 +25,11 @@ from .batch_exec import engine_executor
 from .batch_runner import BatchRunner
 from .config import GatewayConfig
 from .errors import EXCEPTION_HANDLERS
+from .key_store import KeyStore
 from .observe import Observe
 from .openapi import document_bodies
 from .state import Gateway
+from .tenant_auth import Authenticate
 from .worker_routes import WorkerEngine
 
 
@@ -40,7 +43,9 @@ def create_app(
     With `worker` (the engine behind `backend`), the app of `ctxfuse worker`."""
     gateway = gateway or Gateway(backend, config)
     if worker is None:
-        batches = gateway.batches or BatchRunner(engine_executor(gateway), config.data / "batches.sqlite")
+        batches = gateway.batches or BatchRunner(
+            engine_executor(gateway), config.data / "batches.sqlite", max_running=config.max_running_batches
+        )
         gateway.batches = batches  # one per process, shared with the edge listener's app
         routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES]
         state = State({"gateway": gateway, "batches": batches})
@@ -60,9 +65,7 @@ def create_app(
         logging_config=None,
     )
     document_bodies(app)
-    asgi: ASGIApp = app
-    if config.api_key:
-        from .auth import RequireApiKey
-
-        asgi = RequireApiKey(asgi, config.api_key)
+    # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key
+    keys = KeyStore(config.data / "keys.sqlite") if worker is None else None
+    asgi = Authenticate(app, api_key=config.api_key, keys=keys, limiter=gateway.limiter)
     return Observe(asgi, gateway.metrics), gateway

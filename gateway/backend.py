@@ -46,6 +46,10 @@ class Backend(Protocol):
         prompt; `tool_choice`: None (the model decides), "required" or the forced function's name.
         Content may be a string or a list of text and image_features parts."""
 
+    def check_text_size(self, num_chars: int) -> None:
+        """Raise context_length_exceeded, before any tokenizing, for a prompt whose text alone
+        (`num_chars` characters) cannot fit the context."""
+
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the client's mistake (shared.errors) without queueing anything."""
 
@@ -97,6 +101,9 @@ class InProcessBackend:
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.engine.core.default_max_tokens(num_prompt_tokens)
+
+    def check_text_size(self, num_chars: int) -> None:
+        self.engine.core.admission.check_text_size(num_chars, self.tokenizer.max_token_bytes)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.engine.core.check(prompt_token_ids, params)

@@ -59,7 +59,7 @@ async def _completion(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes
     req = decode_body(raw, CompletionRequest)
     gw.check_model(req.model)
     refuse_stream(req.stream)
-    plan = completions.plan_completion(req, backend)
+    plan = await completions.prepare(req, backend)
     meter = gw.metrics.meter(time.monotonic())
     gens = await completions.submit_all(backend, plan, rid, priority)
     reply = Reply.new("cmpl", rid, backend, gw.texts, gw.config.log_content)

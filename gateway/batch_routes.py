@@ -4,18 +4,23 @@ and download its output and error files. The work itself is the runner's (batch_
 POST /v1/files and POST /v1/batches honour an `Idempotency-Key` header: the same key with the same
 request answers the object the first call created (nothing is created or run twice, across restarts
 too); the same key with a different request is a 422 (`idempotency_key_reused`).
+
+Every store call runs on a worker thread (`_off_loop`): SQLite waits on the disk, and a slow disk must
+stall these routes only, never /health or a chat stream. File content goes out in pieces.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.response import Stream
 
 from shared.batch_protocol import (
     BATCH_ENDPOINTS,
@@ -32,13 +37,16 @@ from .batch_store import WINDOW_S
 from .decode import decode_body
 from .encoding import encode
 from .errors import ConflictError, IdempotencyKeyReusedError, RequestTooLargeError
-from .file_store import Idem, KeyReused
+from .file_store import ContentRef, FileStore, Idem, KeyReused
+from .tenant_auth import principal_of
 
 MAX_FILE_BYTES = 100 * 2**20  # per uploaded file (OpenAI allows 200 MB for batch input)
 _FORM_OVERHEAD = 2**20  # multipart boundaries and headers around the file
 MAX_KEY_CHARS = 255
+_PIECE_BYTES = 2**20  # file content is read and sent this much at a time
 AnyRequest = Request[Any, Any, Any]
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def _runner(request: AnyRequest) -> BatchRunner:
@@ -46,8 +54,19 @@ def _runner(request: AnyRequest) -> BatchRunner:
     return runner
 
 
+async def _off_loop(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """A store call on a worker thread (the store is thread-safe: one connection behind a lock)."""
+    return await asyncio.to_thread(call, *args, **kwargs)
+
+
 def _json(obj: object) -> Response[bytes]:
     return Response(encode(obj), media_type="application/json")
+
+
+def _owner(request: AnyRequest) -> str:
+    """The tenant whose files and batches a request sees (tenant_auth.py; a device's own on the edge
+    listener)."""
+    return principal_of(request.state).tenant
 
 
 def _idem(request: AnyRequest, route: str, *parts: bytes) -> Idem | None:
@@ -59,7 +78,8 @@ def _idem(request: AnyRequest, route: str, *parts: bytes) -> Idem | None:
     digest = hashlib.sha256()
     for part in parts:  # length-prefixed, so no two different part lists hash alike
         digest.update(len(part).to_bytes(8, "big") + part)
-    return Idem(route, key, digest.digest())
+    # scoped by tenant (a separator no tenant name holds): one tenant's key never names another's object
+    return Idem(route, f"{_owner(request)}\x1f{key}", digest.digest())
 
 
 def _created(obj: T | KeyReused) -> T:
@@ -102,7 +122,9 @@ async def create_file(request: AnyRequest) -> Response[bytes]:
     name = upload.filename or "upload.jsonl"
     idem = _idem(request, "/v1/files", purpose.encode(), name.encode(), content)
     store = _runner(request).store
-    return _json(_created(await asyncio.to_thread(store.put_file, purpose, name, content, idem)))
+    return _json(
+        _created(await _off_loop(store.put_file, purpose, name, content, idem, owner=_owner(request)))
+    )
 
 
 @get("/v1/files", summary="List files (OpenAI)")
@@ -112,12 +134,12 @@ async def list_files(
     after: FromQuery[str | None] = None,
     purpose: FromQuery[str | None] = None,
 ) -> Response[bytes]:
-    files = _runner(request).store.list_files(limit, after, purpose)
+    files = await _off_loop(_runner(request).store.list_files, limit, after, purpose, owner=_owner(request))
     return _json(file_list(files, limit))
 
 
-def _file_or_404(request: AnyRequest, file_id: str) -> FileObject:
-    f = _runner(request).store.get_file(file_id)
+async def _file_or_404(request: AnyRequest, file_id: str) -> FileObject:
+    f = await _off_loop(_runner(request).store.get_file, file_id, _owner(request))
     if f is None:
         raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
     return f
@@ -125,20 +147,31 @@ def _file_or_404(request: AnyRequest, file_id: str) -> FileObject:
 
 @get("/v1/files/{file_id:str}", summary="Retrieve a file's description (OpenAI)")
 async def retrieve_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
-    return _json(_file_or_404(request, file_id))
+    return _json(await _file_or_404(request, file_id))
 
 
 @get("/v1/files/{file_id:str}/content", summary="A file's content (OpenAI; batch results are JSONL)")
-async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
-    content = _runner(request).store.file_content(file_id)
-    if content is None:
+async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Stream:
+    store = _runner(request).store
+    ref = await _off_loop(store.content_ref, file_id, _owner(request))
+    if ref is None:
         raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
-    return Response(content, media_type="application/octet-stream")
+    headers = {"content-length": str(ref.size)}
+    return Stream(_pieces(store, ref), media_type="application/octet-stream", headers=headers)
+
+
+async def _pieces(store: FileStore, ref: ContentRef) -> AsyncIterator[bytes]:
+    """The content a piece at a time; a file deleted meanwhile ends short (the client sees the cut)."""
+    for offset in range(0, ref.size, _PIECE_BYTES):
+        piece = await _off_loop(store.read_content, ref, offset, _PIECE_BYTES)
+        if not piece:
+            return
+        yield piece
 
 
 @delete("/v1/files/{file_id:str}", status_code=200, summary="Delete a file (OpenAI)")
 async def delete_file(request: AnyRequest, file_id: FromPath[str]) -> Response[bytes]:
-    if not _runner(request).store.delete_file(file_id):
+    if not await _off_loop(_runner(request).store.delete_file, file_id, owner=_owner(request)):
         raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
     return _json(FileDeleted(id=file_id))
 
@@ -146,7 +179,7 @@ async def delete_file(request: AnyRequest, file_id: FromPath[str]) -> Response[b
 # -- batches ----------------------------------------------------------------------------------
 
 
-def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
+async def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
     if req.endpoint not in BATCH_ENDPOINTS:
         supported = ", ".join(BATCH_ENDPOINTS)
         raise InvalidRequestError(f"endpoint must be one of {supported}", param="endpoint")
@@ -157,7 +190,7 @@ def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
         raise InvalidRequestError(
             "metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters", param="metadata"
         )
-    f = _runner(request).store.get_file(req.input_file_id)
+    f = await _off_loop(_runner(request).store.get_file, req.input_file_id, _owner(request))
     if f is None:
         raise NotFoundError(f"no file with id {req.input_file_id!r}", param="input_file_id")
     if f.purpose != "batch":
@@ -167,10 +200,10 @@ def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
 @post("/v1/batches", status_code=200, summary="Create a batch (OpenAI)")
 async def create_batch(request: AnyRequest) -> Response[bytes]:
     req = decode_body(await request.body(), BatchCreateRequest)
-    _check_batch(req, request)
+    await _check_batch(req, request)
     idem = _idem(request, "/v1/batches", msgspec.json.encode(req, order="sorted"))
     runner = _runner(request)
-    batch = _created(runner.store.create_batch(req, idem))
+    batch = _created(await _off_loop(runner.store.create_batch, req, idem, owner=_owner(request)))
     runner.wake()
     return _json(batch)
 
@@ -181,13 +214,13 @@ async def list_batches(
     limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
     after: FromQuery[str | None] = None,
 ) -> Response[bytes]:
-    batches = _runner(request).store.list_batches(limit, after)
+    batches = await _off_loop(_runner(request).store.list_batches, limit, after, owner=_owner(request))
     return _json(batch_list(batches, limit))
 
 
 @get("/v1/batches/{batch_id:str}", summary="Retrieve a batch (OpenAI)")
 async def retrieve_batch(request: AnyRequest, batch_id: FromPath[str]) -> Response[bytes]:
-    batch = _runner(request).store.get_batch(batch_id)
+    batch = await _off_loop(_runner(request).store.get_batch, batch_id, _owner(request))
     if batch is None:
         raise NotFoundError(f"no batch with id {batch_id!r}", param="batch_id")
     return _json(batch)
@@ -196,9 +229,12 @@ async def retrieve_batch(request: AnyRequest, batch_id: FromPath[str]) -> Respon
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch (OpenAI)")
 async def cancel_batch(request: AnyRequest, batch_id: FromPath[str]) -> Response[bytes]:
     runner = _runner(request)
-    batch = runner.store.transition(batch_id, "cancelling", only_from=("validating", "in_progress"))
+    owner = _owner(request)
+    batch = await _off_loop(
+        runner.store.transition, batch_id, "cancelling", only_from=("validating", "in_progress"), owner=owner
+    )
     if batch is None:
-        batch = runner.store.get_batch(batch_id)
+        batch = await _off_loop(runner.store.get_batch, batch_id, owner)
         if batch is None:
             raise NotFoundError(f"no batch with id {batch_id!r}", param="batch_id")
         if batch.status not in ("cancelling", "cancelled"):

@@ -1,12 +1,16 @@
-"""The batch runner: one task per gateway process that takes batches oldest first and drives each
-through its states, running its requests through the engine at low priority, a few at a time.
+"""The batch runner: one task per gateway process that takes batches oldest first and drives up to
+`max_running` of them side by side through their states, running each one's requests through the
+engine at low priority, a few at a time.
 
     validating --(input file ok)--> in_progress --(all requests have results)--> finalizing --> completed
         `--(bad lines)--> failed        |-- cancel --> cancelling --(in-flight aborted)--> cancelled
                                         `-- past expires_at --> expired (unrun requests: batch_expired)
 
 Every step is read from and written to the store, so a new process resumes where the last one
-stopped: a request is run until its result is stored, and a stored result is never run again. The
+stopped: a request is run until its result is stored, and a stored result is never run again. Every
+store call runs off the event loop. A batch is isolated from the others: an unexpected error on it is
+retried (RETRY_S apart) and after ATTEMPTS in a row in one process the batch is failed with the
+reason, its results so far in its files, while the other batches go on. The
 database is opened on first use (a route, or at start when it already exists), so a gateway that
 never serves a batch writes nothing.
 
@@ -43,13 +47,15 @@ from shared.errors import CtxfuseError, QueueFullError
 
 from .batch_exec import BATCH_PRIORITY, Answer, Executor
 from .batch_input import BatchItem, parse_batch_input
-from .batch_store import BatchStore
+from .batch_store import ACTIVE, BatchStore
 from .encoding import encode
 from .errors import ServiceUnavailableError
 
 log = structlog.get_logger("ctxfuse.gateway")
 
 RETRY_S = 1.0  # wait before retrying work that could not be taken (queue full, no engine or backend)
+MAX_RUNNING = 4  # batches run side by side (GatewayConfig.max_running_batches)
+ATTEMPTS = 3  # unexpected errors in a row on one batch before it is failed
 
 
 def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
@@ -63,6 +69,12 @@ def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineErro
     return encode(line)
 
 
+def _failure(exc: BaseException) -> BatchErrors:
+    # the type only: the message may name server internals; the log has the traceback
+    message = f"the server failed on this batch {ATTEMPTS} times ({type(exc).__name__}); it has been logged"
+    return BatchErrors(data=[BatchError(code="server_error", message=message)])
+
+
 class BatchRunner:
     def __init__(
         self,
@@ -71,16 +83,24 @@ class BatchRunner:
         concurrency: int = 4,
         priority: int = BATCH_PRIORITY,
         clock: Callable[[], float] = time.time,
+        max_running: int = MAX_RUNNING,
     ):
+        if max_running < 1 or concurrency < 1:
+            raise ValueError(f"max_running and concurrency must be >= 1, got {max_running} and {concurrency}")
         self.execute = execute  # the in-process engine's (batch_exec.py) or the fleet's
         self.path = path
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # requests of one batch in flight
+        self.max_running = max_running  # batches in progress at once
         self.priority = priority
         self.clock = clock  # seconds since the epoch; decides when a batch is past expires_at
         self._store: BatchStore | None = None
         self._dir_lock: DirLock | None = None
         self._task: asyncio.Task[None] | None = None
+        # one event per waiter (the loop, each running batch): a waiter clears only its own, so no
+        # waiter can swallow a wake meant for another
         self._wake = asyncio.Event()
+        self._waiters: set[asyncio.Event] = {self._wake}
+        self._given_up: set[str] = set()  # failed but could not be marked so: left until the next start
         self._started = False
 
     @property
@@ -116,22 +136,68 @@ class BatchRunner:
 
     def wake(self) -> None:
         """New work, or a cancel: look at the store again."""
-        self._wake.set()
+        for event in self._waiters:
+            event.set()
 
     async def _loop(self) -> None:
+        running: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                self._wake.clear()  # before the look: a batch stored after it still wakes the wait
+                await self._take(running)
+                waker = asyncio.create_task(self._wake.wait())
+                await asyncio.wait({*running.values(), waker}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                for batch_id in [i for i, t in running.items() if t.done()]:
+                    running.pop(batch_id).result()  # _drive raises nothing but a cancel
+        finally:
+            for t in running.values():
+                t.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
+
+    async def _take(self, running: dict[str, asyncio.Task[None]]) -> None:
+        """Start driving the oldest active batches, up to max_running in all."""
+        free = self.max_running - len(running)
+        if free <= 0:
+            return
+        skip = frozenset(running) | self._given_up
+        try:
+            ids = await asyncio.to_thread(self.store.active_ids, free, skip)
+        except Exception:
+            log.exception("batch_runner_store_error")
+            await asyncio.sleep(RETRY_S)
+            self._wake.set()  # look again
+            return
+        for batch_id in ids:
+            running[batch_id] = asyncio.create_task(self._drive(batch_id), name=f"batch-{batch_id}")
+
+    async def _drive(self, batch_id: str) -> None:
+        """Advance one batch until it is done; what goes wrong with it stays with it."""
+        errors = 0
         while True:
-            self._wake.clear()
-            batch = self.store.next_active()
-            if batch is None:
-                await self._wake.wait()
-                continue
             try:
+                batch = await asyncio.to_thread(self.store.get_batch, batch_id)
+                if batch is None or batch.status not in ACTIVE:
+                    return
                 await self._advance(batch)
+                errors = 0
             except ServiceUnavailableError:
                 await asyncio.sleep(RETRY_S)  # the engine stopped or the gateway drains: try later
-            except Exception:
-                log.exception("batch_runner_error", batch_id=batch.id)
+            except Exception as exc:
+                errors += 1
+                log.exception("batch_runner_error", batch_id=batch_id, attempt=errors)
+                if errors >= ATTEMPTS:
+                    await self._fail(batch_id, exc)
+                    return
                 await asyncio.sleep(RETRY_S)
+
+    async def _fail(self, batch_id: str, exc: Exception) -> None:
+        try:
+            await asyncio.to_thread(self.store.finish, batch_id, "failed", _failure(exc))
+        except Exception:
+            log.exception("batch_runner_fail_error", batch_id=batch_id)
+            self._given_up.add(batch_id)
+        log.error("batch_failed", batch_id=batch_id, error=type(exc).__name__)
 
     async def _advance(self, batch: Batch) -> None:
         store = self.store
@@ -146,13 +212,16 @@ class BatchRunner:
             await asyncio.to_thread(store.finish, batch.id, "cancelled")
 
     async def _validate(self, batch: Batch) -> None:
-        store = self.store
+        await asyncio.to_thread(self._validate_sync, self.store, batch)
+
+    @staticmethod
+    def _validate_sync(store: BatchStore, batch: Batch) -> None:
         content = store.file_content(batch.input_file_id)
         if content is None:
             error = BatchError(code="invalid_file", message=f"the input file {batch.input_file_id} is gone")
             store.fail_validation(batch.id, BatchErrors(data=[error]))
             return
-        parsed = await asyncio.to_thread(parse_batch_input, content, batch.endpoint)
+        parsed = parse_batch_input(content, batch.endpoint)
         items = [p for p in parsed if isinstance(p, BatchItem)]
         errors = [p for p in parsed if isinstance(p, BatchError)]
         if errors:
@@ -160,35 +229,37 @@ class BatchRunner:
         else:
             store.start(batch.id, items)  # None: cancelled meanwhile, which the next turn finishes
 
-    def _halted(self, batch: Batch) -> bool:
+    async def _halted(self, batch: Batch) -> bool:
         """Cancelled, or past its window (then its unrun requests fail as expired)."""
-        current = self.store.get_batch(batch.id)
+        current = await asyncio.to_thread(self.store.get_batch, batch.id)
         if current is None or current.status != "in_progress":
             return True
         if batch.expires_at is not None and self.clock() >= batch.expires_at:
-            self._expire(batch)
+            await asyncio.to_thread(self._expire, self.store, batch)
             return True
         return False
 
-    def _expire(self, batch: Batch) -> None:
-        store = self.store
+    @staticmethod
+    def _expire(store: BatchStore, batch: Batch) -> None:
         error = BatchLineError(code="batch_expired", message="the batch expired before this request ran")
         for item in store.pending(batch.id):
             store.put_result(batch.id, item.line, False, _line(item, None, "", error))
         store.finish(batch.id, "expired")
 
     async def _run(self, batch: Batch) -> None:
-        pending = deque(self.store.pending(batch.id))
+        pending = deque(await asyncio.to_thread(self.store.pending, batch.id))
         running: set[asyncio.Task[Any]] = set()
-        failed: BaseException | None = None  # ServiceUnavailableError: stop taking work, retry later
+        failed: BaseException | None = None  # stop taking work, raise once what runs has ended
+        wake = asyncio.Event()
+        self._waiters.add(wake)
         try:
             while (pending and failed is None) or running:
-                self._wake.clear()  # before the check: a cancel stored after it still wakes the wait
-                if self._halted(batch):
+                wake.clear()  # before the check: a cancel stored after it still wakes the wait
+                if await self._halted(batch):
                     break
                 while failed is None and pending and len(running) < self.concurrency:
                     running.add(asyncio.create_task(self._one(batch, pending.popleft())))
-                waker = asyncio.create_task(self._wake.wait())
+                waker = asyncio.create_task(wake.wait())
                 done, running = await asyncio.wait({*running, waker}, return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
                 running.discard(waker)
@@ -200,10 +271,11 @@ class BatchRunner:
                 # backend's circuit probe, and a cancelled probe would keep it from being found well
                 raise failed
         finally:
+            self._waiters.discard(wake)
             for t in running:
                 t.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-        self.store.transition(batch.id, "finalizing", only_from=("in_progress",))
+        await asyncio.to_thread(self.store.transition, batch.id, "finalizing", only_from=("in_progress",))
 
     async def _one(self, batch: Batch, item: BatchItem) -> None:
         rid = uuid.uuid4().hex
@@ -220,4 +292,5 @@ class BatchRunner:
                 error = CtxfuseError("the server failed on this request; it has been logged")
                 answer = Answer(error.status, encode(error.to_openai()))
                 break
-        self.store.put_result(batch.id, item.line, answer.status_code == 200, _line(item, answer, rid))
+        ok, line = answer.status_code == 200, _line(item, answer, rid)
+        await asyncio.to_thread(self.store.put_result, batch.id, item.line, ok, line)

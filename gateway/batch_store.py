@@ -8,6 +8,8 @@ Invariants:
   current the moment a result is stored and cannot drift from it.
 - Status changes that must not race (validating -> in_progress with the requests inserted, a cancel,
   the final files with the final status) are single transactions.
+- Results go to the database one by one as they arrive; the output and error files are then written
+  from them a page at a time, so no step holds a batch's results in memory.
 """
 
 from __future__ import annotations
@@ -18,20 +20,23 @@ import uuid
 
 import msgspec
 
-from shared.batch_protocol import Batch, BatchCreateRequest, BatchErrors, BatchStatus
+from shared.batch_protocol import Batch, BatchCreateRequest, BatchErrors, BatchStatus, FileObject
 
 from .batch_input import BatchItem
 from .encoding import encode
-from .file_store import FileStore, Idem, KeyReused
+from .file_store import OWNED, FileStore, Idem, KeyReused
 
 ACTIVE: tuple[BatchStatus, ...] = ("validating", "in_progress", "finalizing", "cancelling")
 WINDOW_S = {"24h": 24 * 3600}  # completion windows served
+_PAGE = 64  # results read at a time while an output file is written
 
 
 class BatchStore(FileStore):
     # -- batches ----------------------------------------------------------------------------------
 
-    def create_batch(self, req: BatchCreateRequest, idem: Idem | None = None) -> Batch | KeyReused:
+    def create_batch(
+        self, req: BatchCreateRequest, idem: Idem | None = None, *, owner: str
+    ) -> Batch | KeyReused:
         now = int(time.time())
         with self._tx() as db:
             replay = self._replay(db, idem)
@@ -50,13 +55,16 @@ class BatchStore(FileStore):
                 metadata=req.metadata,
             )
             db.execute(
-                "INSERT INTO batches (id, status, object) VALUES (?, ?, ?)", (b.id, b.status, encode(b))
+                "INSERT INTO batches (id, status, object, owner) VALUES (?, ?, ?, ?)",
+                (b.id, b.status, encode(b), owner),
             )
             self._remember(db, idem, b.id)
             return b
 
-    def _batch(self, db: sqlite3.Connection, batch_id: str) -> Batch | None:
-        row = db.execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
+    def _batch(self, db: sqlite3.Connection, batch_id: str, owner: str | None = None) -> Batch | None:
+        row = db.execute(
+            f"SELECT object FROM batches WHERE id = ? {OWNED}", (batch_id, owner, owner)
+        ).fetchone()
         if row is None:
             return None
         b = msgspec.json.decode(row[0], type=Batch)
@@ -68,20 +76,28 @@ class BatchStore(FileStore):
         b.request_counts.total, b.request_counts.completed, b.request_counts.failed = total, done, failed
         return b
 
-    def get_batch(self, batch_id: str) -> Batch | None:
+    def get_batch(self, batch_id: str, owner: str | None = None) -> Batch | None:
         with self._lock:
-            return self._batch(self._db, batch_id)
+            return self._batch(self._db, batch_id, owner)
 
-    def list_batches(self, limit: int, after: str | None) -> list[Batch]:
-        ids = [msgspec.json.decode(r, type=Batch).id for r in self._page("batches", limit, after, None)]
+    def list_batches(self, limit: int, after: str | None, *, owner: str) -> list[Batch]:
+        rows = self._page("batches", limit, after, None, owner)
+        ids = [msgspec.json.decode(r, type=Batch).id for r in rows]
         with self._lock:
             return [b for i in ids if (b := self._batch(self._db, i)) is not None]
 
     def next_active(self) -> Batch | None:
         """The oldest batch the runner has work on."""
+        ids = self.active_ids(1, frozenset())
+        return self.get_batch(ids[0]) if ids else None
+
+    def active_ids(self, limit: int, skip: frozenset[str]) -> list[str]:
+        """Up to `limit` ids of batches the runner has work on, oldest first, leaving out `skip`."""
         marks = ",".join("?" * len(ACTIVE))
-        row = self._one(f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY seq LIMIT 1", *ACTIVE)
-        return None if row is None else self.get_batch(str(row[0]))
+        with self._lock:
+            rows = self._db.execute(f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY seq", ACTIVE)
+            ids = [str(r[0]) for r in rows]
+        return [i for i in ids if i not in skip][:limit]
 
     def transition(
         self,
@@ -89,10 +105,14 @@ class BatchStore(FileStore):
         status: BatchStatus,
         *,
         only_from: tuple[BatchStatus, ...] = ACTIVE,
+        owner: str | None = None,
         **fields: object,
     ) -> Batch | None:
-        """Move the batch to `status` (stamping `<status>_at`) if it is in one of `only_from`; None if not."""
+        """Move the batch to `status` (stamping `<status>_at`) if it is in one of `only_from` (and
+        `owner`'s, when given); None if not."""
         with self._tx() as db:
+            if self._batch(db, batch_id, owner) is None:
+                return None
             return self._transition(db, batch_id, status, only_from, fields)
 
     def _transition(
@@ -144,18 +164,32 @@ class BatchStore(FileStore):
             )
             return cur.rowcount > 0
 
-    def finish(self, batch_id: str, status: BatchStatus) -> Batch | None:
+    def finish(self, batch_id: str, status: BatchStatus, errors: BatchErrors | None = None) -> Batch | None:
         """Write the output and error files from the stored results (in input order) and set the final
         status, in one transaction: a crash before it commits leaves the batch to finish again."""
         with self._tx() as db:
-            files: dict[str, object] = {}
+            fields: dict[str, object] = {} if errors is None else {"errors": errors}
             for ok, name in ((1, "output_file_id"), (0, "error_file_id")):
-                rows = db.execute(
-                    "SELECT result FROM requests WHERE batch_id = ? AND ok = ? ORDER BY line", (batch_id, ok)
-                ).fetchall()
-                if rows:
-                    content = b"".join(bytes(r[0]) + b"\n" for r in rows)
-                    files[name] = self._insert_file(
-                        db, "batch_output", f"{batch_id}_{name[:-8]}.jsonl", content
-                    ).id
-            return self._transition(db, batch_id, status, ACTIVE, files)
+                f = self._results_file(db, batch_id, ok, f"{batch_id}_{name[:-8]}.jsonl")
+                if f is not None:
+                    fields[name] = f.id
+            return self._transition(db, batch_id, status, ACTIVE, fields)
+
+    def _results_file(
+        self, db: sqlite3.Connection, batch_id: str, ok: int, filename: str
+    ) -> FileObject | None:
+        """A JSONL file of the batch's results that are `ok`, one per line in input order; None if none.
+        The file is sized first, then filled a page of results at a time."""
+        where = "FROM requests WHERE batch_id = ? AND ok = ?"
+        count, size = db.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(length(result)), 0) {where}", (batch_id, ok)
+        ).fetchone()
+        if count == 0:
+            return None
+        owner = str(db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()[0])
+        # + a newline each; the batch's owner owns its results
+        f, ref = self._insert_sized_file(db, "batch_output", filename, size + count, owner)
+        cursor = db.execute(f"SELECT result {where} ORDER BY line", (batch_id, ok))
+        pages = iter(lambda: cursor.fetchmany(_PAGE), [])
+        self._write_content(db, ref, (piece for page in pages for r in page for piece in (r[0], b"\n")))
+        return f

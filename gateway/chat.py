@@ -3,6 +3,7 @@ chat_stream.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,11 +125,25 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
     return ChatPlan(prompt_ids, params, req.logprobs, structure, prompt.image_spans)
 
 
+def text_chars(messages: list[ChatMessage]) -> int:
+    """Characters of the messages' text: the prompt holds at least these."""
+    n = 0
+    for m in messages:
+        if isinstance(m.content, str):
+            n += len(m.content)
+        elif isinstance(m.content, list):
+            n += sum(len(part.text) for part in m.content if part.text is not None)
+    return n
+
+
 async def prepare(req: ChatCompletionRequest, backend: Backend, images: Images) -> ChatPlan:
-    """plan_chat after the request's image_url parts have become features (off the event loop)."""
+    """plan_chat after the request's image_url parts have become features. A text too long for the
+    context is refused by its size first; the template, tokenizing and schema compilation run on a
+    worker thread, so a big prompt never holds up the event loop."""
+    backend.check_text_size(text_chars(req.messages))
     if count := await images.resolve(req.messages):
         annotate(images=count)
-    return plan_chat(req, backend)
+    return await asyncio.to_thread(plan_chat, req, backend)
 
 
 async def submit(backend: Backend, plan: ChatPlan, request_id: str, priority: int = 0) -> Generation:

@@ -55,10 +55,14 @@ class ChunkStore:
         # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE) in _transaction.
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL is enough here: a chunk lost to power loss is only a cache miss. The edge link answers a
+        # request naming it with 409 and the missing digests, the agent re-sends them (edge/acked.py is
+        # a hint it then forgets), and no request is run or acknowledged on a chunk the store lacks.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self.hits = 0  # chunks found by missing() and get_many()
         self.misses = 0  # chunks not found by them
+        self.bytes_read = 0  # chunk bytes get_many() has returned: what expanding requests materialized
         self._load_totals()
         (clock,) = self._db.execute("SELECT COALESCE(MAX(last_used), 0) FROM chunks").fetchone()
         self._clock: int = clock
@@ -83,6 +87,13 @@ class ChunkStore:
             self._count_lookups(len(present), len(wanted))
         return [d for d in wanted if d not in present]
 
+    def sizes(self, digests: Sequence[bytes]) -> dict[bytes, int]:
+        """The byte size of each stored chunk among `digests` (absent ones are left out), read
+        without its bytes: an edge request's expanded size is bounded before any chunk is read.
+        Neither touches the LRU order nor counts as a lookup (get_many that follows does both)."""
+        with self._lock:
+            return {d: size for d, size in self._select("SELECT digest, size FROM chunks", _unique(digests))}
+
     def get_many(self, digests: Sequence[bytes]) -> dict[bytes, bytes]:
         """The stored chunks among `digests` (absent ones are left out), made most recently used.
 
@@ -93,6 +104,7 @@ class ChunkStore:
             found = {d: data for d, data in self._select("SELECT digest, data FROM chunks", wanted)}
             self._touch(d for d in wanted if d in found)
             self._count_lookups(len(found), len(wanted))
+            self.bytes_read += sum(len(data) for data in found.values())
         return found
 
     # -- writes ---------------------------------------------------------------------------------

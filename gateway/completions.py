@@ -58,6 +58,15 @@ class CompletionPlan:
     structure: Structure | None = None  # response_format json_*: the text must be that JSON
 
 
+async def prepare(req: CompletionRequest, backend: Backend) -> CompletionPlan:
+    """plan_completion on a worker thread (tokenizing and schema compilation never hold up the event
+    loop), after refusing by its size a prompt text too long for the context."""
+    texts = [req.prompt] if isinstance(req.prompt, str) else [x for x in req.prompt if isinstance(x, str)]
+    for text in texts:
+        backend.check_text_size(len(text))
+    return await asyncio.to_thread(plan_completion, req, backend)
+
+
 def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
     if req.suffix:
         raise InvalidRequestError("suffix is not supported", param="suffix")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cloud.model.registry import cache_dir
 from edge.vision.features import VisionOptions
+from shared.conn_limits import ConnLimits
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -30,9 +31,18 @@ class GatewayConfig:
     chunk_store_mib: float = 1024.0  # bound on stored chunk bytes; least recently used go first
     device_max_in_flight: int = 32  # requests one device may have running on the edge listener
     data_dir: Path | None = None  # the Batch API's files and batches (SQLite); default CTXFUSE_HOME/gateway
+    # tenants reuse one another's cached prompt prefixes (off: each tenant's are its own, so
+    # cached_tokens and TTFT never tell one tenant what another sent)
+    share_prefix_cache: bool = False
+    max_running_batches: int = 4  # batches run side by side; one that keeps failing holds one slot, not all
     vision: VisionOptions = field(
         default_factory=VisionOptions
     )  # image caps and the hosts image URLs may be fetched from
+    # header timeout and size, connection cap and reuse, on the OpenAI port and the edge listener
+    conn_limits: ConnLimits = field(default_factory=ConnLimits)
+    # TLS on the OpenAI port (e.g. `ctxfuse certs server`'s server.pem and server.key); off when None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
 
     @property
     def is_loopback(self) -> bool:
@@ -45,4 +55,5 @@ class GatewayConfig:
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/v1"
+        scheme = "https" if self.ssl_certfile is not None else "http"
+        return f"{scheme}://{host}:{self.port}/v1"

@@ -14,6 +14,7 @@ from shared.edge_protocol import EdgeRequest
 from shared.errors import InvalidRequestError
 
 from .chunk_store import ChunkStore
+from .edge_budget import ExpansionBudget, check_ref_count
 from .edge_link import expand, store_new_chunks
 from .errors import ServiceUnavailableError
 from .metrics import Metrics
@@ -44,22 +45,38 @@ async def edge_request(request: AnyRequest) -> Response[Any]:
 
 async def receive_edge_request(request: AnyRequest, store: ChunkStore, metrics: Metrics) -> tuple[str, bytes]:
     """(the endpoint, the OpenAI JSON body with the device's strings put back). The request's new
-    chunks are stored before anything can refuse it, so a retry after a 409 sends only the rest."""
+    chunks are stored before anything but its size can refuse it, so a retry after a 409 sends only
+    the rest. Expanded, it is held to the body limit of this listener, the same as the OpenAI
+    port's (both are GatewayConfig.max_body_bytes)."""
     raw = await request.body()
+    limit = request.route_handler.resolve_request_max_body_size()
+    if limit is None:  # both edge apps set it; without one there is nothing to bound the expansion by
+        raise ServiceUnavailableError("this edge listener has no request body limit")
     try:
         req = msgspec.msgpack.decode(raw, type=EdgeRequest)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequestError(f"not an edge request: {exc}") from None
     device = device_of(request)
     annotate(device=device, edge_bytes=len(raw), edge_texts=len(req.texts), edge_new_chunks=len(req.chunks))
     metrics.edge_bytes.labels(device=device or "").inc(len(raw))
     # SQLite and zstd off the event loop, in one hop
-    return req.endpoint, await asyncio.to_thread(store_and_expand, store, req)
+    body = await asyncio.to_thread(store_and_expand, store, req, limit)
+    annotate(edge_expanded_bytes=len(body))
+    return req.endpoint, body
 
 
-def store_and_expand(store: ChunkStore, req: EdgeRequest) -> bytes:
-    store_new_chunks(store, req)
-    return msgspec.json.encode(expand(store, req))
+def store_and_expand(store: ChunkStore, req: EdgeRequest, limit: int) -> bytes:
+    check_ref_count(req, limit)  # before the store is asked about any of them
+    store_new_chunks(store, req, limit)
+    try:
+        body = msgspec.json.encode(expand(store, req, limit))
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply", param="body") from None
+    except TypeError as exc:  # msgpack allows map keys JSON has no form for (nil, true)
+        raise InvalidRequestError(f"the request body is not a JSON value: {exc}", param="body") from None
+    # the texts were bounded as they were put back; this bounds the JSON around them (and its escapes)
+    ExpansionBudget(limit).add(len(body))
+    return body
 
 
 ROUTES = [edge_request]

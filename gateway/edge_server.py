@@ -33,7 +33,11 @@ from .state import Gateway
 
 def create_edge_app(gateway: Gateway) -> ASGIApp:
     owns_runner = gateway.batches is None
-    batches = gateway.batches or BatchRunner(engine_executor(gateway), gateway.config.data / "batches.sqlite")
+    batches = gateway.batches or BatchRunner(
+        engine_executor(gateway),
+        gateway.config.data / "batches.sqlite",
+        max_running=gateway.config.max_running_batches,
+    )
     gateway.batches = batches
     app = Litestar(
         route_handlers=[*edge_routes.ROUTES, list_models, retrieve_model, *batch_routes.ROUTES],
@@ -89,5 +93,6 @@ def edge_server_for(app: ASGIApp, cfg: GatewayConfig, lifespan: str) -> EdgeServ
         timeout_graceful_shutdown=int(cfg.shutdown_timeout_s),
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         lifespan=lifespan,
+        limits=cfg.conn_limits,
     )
     return EdgeServer(listener.config)

@@ -39,6 +39,25 @@ class AuthenticationError(CtxfuseError):
         super().__init__(message, code="invalid_api_key")
 
 
+class PermissionDeniedError(CtxfuseError):
+    """The caller is known but may not do this (403), e.g. a key limited to other models."""
+
+    status = 403
+    type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="permission_denied")
+
+
+class RateLimitError(QueueFullError):
+    """A key's requests or tokens per minute, or requests in flight, are used up (429 with
+    Retry-After, as OpenAI's rate_limit_exceeded)."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.code = "rate_limit_exceeded"
+
+
 class RequestTooLargeError(InvalidRequestError):
     status = 413
 

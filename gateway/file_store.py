@@ -5,8 +5,15 @@ Invariants:
 - An Idempotency-Key row is written in the transaction that creates its object, so two retries racing
   each other still create one object; a key names its object for KEY_TTL_S.
 - A file's content never changes; deleting a file forgets the keys that name it.
+- Files and batches belong to the tenant that created them (`owner`; a batch's output files to the
+  batch's owner). A call given an owner sees only that owner's objects: another tenant's id is "not
+  found", and lists hold only its own. `owner=None` is the runner's own access to everything.
+  Idempotency-Keys are scoped by owner in the key itself (batch_routes.py), so one tenant's key
+  never replays another's object.
 
-Thread-safe: one connection, one lock (as chunk_store.py); large writes may run off the event loop.
+Thread-safe: one connection, one lock (as chunk_store.py). The routes and the runner call it off the
+event loop (asyncio.to_thread), so a slow disk stalls the Batch API, never the gateway's other routes.
+Large contents are read and written in pieces (SQLite's incremental blob I/O), never whole in memory.
 """
 
 from __future__ import annotations
@@ -32,11 +39,11 @@ from .encoding import encode
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, purpose TEXT NOT NULL,
-    object BLOB NOT NULL, content BLOB NOT NULL
+    object BLOB NOT NULL, content BLOB NOT NULL, owner TEXT NOT NULL DEFAULT 'default'
 );
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, status TEXT NOT NULL,
-    object BLOB NOT NULL
+    object BLOB NOT NULL, owner TEXT NOT NULL DEFAULT 'default'
 );
 CREATE TABLE IF NOT EXISTS requests (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, body BLOB NOT NULL,
@@ -47,6 +54,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
     created_at INTEGER NOT NULL, PRIMARY KEY (route, key)
 );
 """
+# `WHERE id = ? {OWNED}` with (id, owner, owner): the row if it is the owner's, or any owner's for None
+OWNED = "AND (? IS NULL OR owner = ?)"
 KEY_TTL_S = 24 * 3600  # how long an Idempotency-Key names its object (as Stripe and OpenAI keep them)
 
 
@@ -57,6 +66,14 @@ class Idem:
     route: str
     key: str
     digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ContentRef:
+    """A file's content in the database: its row and its size in bytes."""
+
+    row: int
+    size: int
 
 
 class KeyReused:
@@ -73,8 +90,14 @@ class FileStore:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a commit is on disk before the client hears of it, so power loss cannot roll back an
+        # acknowledged upload, create or cancel (NORMAL in WAL may lose the last commits: work run twice)
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        for table in ("files", "batches"):  # a database from before tenants: everything is the default's
+            columns = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if "owner" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT 'default'")
 
     def close(self) -> None:
         with self._lock:
@@ -120,54 +143,101 @@ class FileStore:
     # -- files ------------------------------------------------------------------------------------
 
     def put_file(
-        self, purpose: str, filename: str, content: bytes, idem: Idem | None = None
+        self, purpose: str, filename: str, content: bytes, idem: Idem | None = None, *, owner: str
     ) -> FileObject | KeyReused:
         with self._tx() as db:
             replay = self._replay(db, idem)
             if replay is not None:
                 return replay if isinstance(replay, KeyReused) else self._file(db, replay)
-            f = self._insert_file(db, purpose, filename, content)
+            f = self._insert_file(db, purpose, filename, content, owner)
             self._remember(db, idem, f.id)
             return f
 
-    def _insert_file(self, db: sqlite3.Connection, purpose: str, filename: str, content: bytes) -> FileObject:
-        f = FileObject(
-            id=f"file-{uuid.uuid4().hex[:24]}",
-            bytes=len(content),
-            created_at=int(time.time()),
-            filename=filename,
-            purpose=purpose,
-        )
+    def _insert_file(
+        self, db: sqlite3.Connection, purpose: str, filename: str, content: bytes, owner: str
+    ) -> FileObject:
+        f = _file_object(purpose, filename, len(content))
         db.execute(
-            "INSERT INTO files (id, purpose, object, content) VALUES (?, ?, ?, ?)",
-            (f.id, purpose, encode(f), content),
+            "INSERT INTO files (id, purpose, object, content, owner) VALUES (?, ?, ?, ?, ?)",
+            (f.id, purpose, encode(f), content, owner),
         )
         return f
+
+    def _insert_sized_file(
+        self, db: sqlite3.Connection, purpose: str, filename: str, size: int, owner: str
+    ) -> tuple[FileObject, ContentRef]:
+        """A new file of `size` zero bytes, for _write_content to fill."""
+        f = _file_object(purpose, filename, size)
+        cur = db.execute(
+            "INSERT INTO files (id, purpose, object, content, owner) VALUES (?, ?, ?, zeroblob(?), ?)",
+            (f.id, purpose, encode(f), size, owner),
+        )
+        return f, ContentRef(int(cur.lastrowid or 0), size)
 
     def _file(self, db: sqlite3.Connection, file_id: str) -> FileObject:
         row = db.execute("SELECT object FROM files WHERE id = ?", (file_id,)).fetchone()
         return msgspec.json.decode(row[0], type=FileObject)
 
-    def get_file(self, file_id: str) -> FileObject | None:
-        row = self._one("SELECT object FROM files WHERE id = ?", file_id)
+    def get_file(self, file_id: str, owner: str | None = None) -> FileObject | None:
+        row = self._one(f"SELECT object FROM files WHERE id = ? {OWNED}", file_id, owner, owner)
         return None if row is None else msgspec.json.decode(row[0], type=FileObject)
 
     def file_content(self, file_id: str) -> bytes | None:
         row = self._one("SELECT content FROM files WHERE id = ?", file_id)
         return None if row is None else bytes(row[0])
 
-    def list_files(self, limit: int, after: str | None, purpose: str | None) -> list[FileObject]:
+    def content_ref(self, file_id: str, owner: str | None = None) -> ContentRef | None:
+        """Where a file's content is, to read it in pieces (read_content); None if no such file."""
+        row = self._one(f"SELECT seq, length(content) FROM files WHERE id = ? {OWNED}", file_id, owner, owner)
+        return None if row is None else ContentRef(int(row[0]), int(row[1]))
+
+    def read_content(self, ref: ContentRef, offset: int, size: int) -> bytes | None:
+        """Up to `size` bytes of the content at `offset`; None once the file is deleted."""
+        with self._lock:
+            try:
+                with self._db.blobopen("files", "content", ref.row, readonly=True) as blob:
+                    blob.seek(offset)
+                    return blob.read(size)
+            except sqlite3.OperationalError:  # no such row: deleted while it was read
+                return None
+
+    def _write_content(self, db: sqlite3.Connection, ref: ContentRef, pieces: Iterator[bytes]) -> None:
+        """Fill a file made by _insert_sized_file piece by piece; the pieces add up to its size."""
+        with db.blobopen("files", "content", ref.row) as blob:
+            for piece in pieces:
+                blob.write(piece)
+
+    def list_files(
+        self, limit: int, after: str | None, purpose: str | None, *, owner: str
+    ) -> list[FileObject]:
         """Newest first, after the file `after` (a cursor); one more than `limit` tells there are more."""
-        rows = self._page("files", limit, after, purpose)
+        rows = self._page("files", limit, after, purpose, owner)
         return [msgspec.json.decode(r, type=FileObject) for r in rows]
 
-    def delete_file(self, file_id: str) -> bool:
+    def delete_file(self, file_id: str, *, owner: str) -> bool:
         with self._tx() as db:
+            if (
+                db.execute("SELECT 1 FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
+                is None
+            ):
+                return False
             db.execute("DELETE FROM idempotency WHERE object_id = ?", (file_id,))
             return db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
 
-    def _page(self, table: str, limit: int, after: str | None, purpose: str | None) -> list[bytes]:
-        sql, args = newest_first(table, "object", limit, after, purpose)
+    def _page(
+        self, table: str, limit: int, after: str | None, purpose: str | None, owner: str
+    ) -> list[bytes]:
+        sql, args = newest_first(table, "object", limit, after, purpose, owner)
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return [bytes(r[0]) for r in rows]
+
+
+def _file_object(purpose: str, filename: str, size: int) -> FileObject:
+    return FileObject(
+        id=f"file-{uuid.uuid4().hex[:24]}",
+        bytes=size,
+        created_at=int(time.time()),
+        filename=filename,
+        purpose=purpose,
+    )

@@ -3,6 +3,7 @@ completions modules. Bodies are decoded here (strictly, see decode.py), not by L
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -29,9 +30,11 @@ from .decode import decode_body
 from .disconnect import cancel_on_disconnect
 from .encoding import encode
 from .observe import annotate, request_id
+from .rate_limits import SettleOnClose
 from .results import Reply
 from .sse import sse_stream
 from .state import Gateway
+from .tenant_auth import principal_of, reserve_tokens
 
 JSON = "application/json"
 AnyRequest = Request[Any, Any, Any]
@@ -67,11 +70,17 @@ async def serve_chat(request: AnyRequest, raw: bytes, arrival: float) -> Respons
     backend = gw.backend_for_work()
     req = decode_body(raw, ChatCompletionRequest)
     gw.check_model(req.model)
+    principal_of(request.state).check_model(req.model or gw.backend.model_name)
     _annotate_request(gw, req)
     plan = await chat.prepare(req, backend, gw.images)
+    prompt = len(plan.prompt_ids)
+    settle = _reserve(request, gw, prompt, prompt + plan.params.n * plan.params.max_tokens)
+    plan.params.cache_salt = _cache_salt(request, gw)
     rid = request_id()
     meter = gw.metrics.meter(arrival)
     gen = await chat.submit(backend, plan, rid)
+    if settle is not None:
+        gen = settle.wrap(gen)
     reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -99,11 +108,18 @@ async def serve_completion(request: AnyRequest, raw: bytes, arrival: float) -> R
     backend = gw.backend_for_work()
     req = decode_body(raw, CompletionRequest)
     gw.check_model(req.model)
+    principal_of(request.state).check_model(req.model or gw.backend.model_name)
     _annotate_request(gw, req)
-    plan = completions.plan_completion(req, backend)
+    plan = await completions.prepare(req, backend)
+    prompt = sum(len(p) for p in plan.prompts)
+    most = prompt + len(plan.prompts) * plan.params.n * plan.params.max_tokens
+    settle = _reserve(request, gw, prompt, most)
+    plan.params.cache_salt = _cache_salt(request, gw)
     rid = request_id()
     meter = gw.metrics.meter(arrival)
     gens = await completions.submit_all(backend, plan, rid)
+    if settle is not None:
+        gens = [settle.wrap(g) for g in gens]
     reply = Reply.new("cmpl", rid, backend, gw.texts, gw.config.log_content)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -120,6 +136,18 @@ async def serve_completion(request: AnyRequest, raw: bytes, arrival: float) -> R
         for g in gens:
             g.close()
     return _json(body)
+
+
+def _reserve(request: AnyRequest, gw: Gateway, prompt_tokens: int, most_tokens: int) -> SettleOnClose | None:
+    """Reserve the request's most tokens against its key's tokens per minute (429 when they do not
+    fit); what settles the reservation to the real count when its generations close."""
+    ticket = reserve_tokens(request.state, gw.limiter, most_tokens)
+    return None if ticket is None else SettleOnClose(gw.limiter, ticket, prompt_tokens)
+
+
+def _cache_salt(request: AnyRequest, gw: Gateway) -> str | None:
+    """Each tenant's prompts reuse only its own cached prefixes, unless the server shares them."""
+    return None if gw.config.share_prefix_cache else principal_of(request.state).cache_salt
 
 
 def _closer(*gens: Generation) -> BackgroundTask:
@@ -157,9 +185,10 @@ async def tokenize(request: AnyRequest) -> Response[bytes]:
         raise InvalidRequestError("send exactly one of `prompt` and `messages`", param="prompt")
     if req.messages is not None:
         await gw.images.resolve(req.messages)
-        ids = backend.encode_chat(chat.message_dicts(req.messages)).token_ids
+        messages = chat.message_dicts(req.messages)
+        ids = (await asyncio.to_thread(backend.encode_chat, messages)).token_ids  # never on the loop
     else:
-        ids = backend.tokenizer.encode(req.prompt or "", add_special=req.add_special_tokens)
+        ids = await asyncio.to_thread(backend.tokenizer.encode, req.prompt or "", req.add_special_tokens)
     return _json(TokenizeResponse(count=len(ids), max_model_len=backend.max_model_len, tokens=ids))
 
 
@@ -174,7 +203,8 @@ async def detokenize(request: AnyRequest) -> Response[bytes]:
         raise InvalidRequestError(
             f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens"
         )
-    return _json(DetokenizeResponse(prompt=gw.backend.tokenizer.decode(req.tokens)))
+    text = await asyncio.to_thread(gw.backend.tokenizer.decode, req.tokens)
+    return _json(DetokenizeResponse(prompt=text))
 
 
 ROUTES = [chat_completions, create_completion, list_models, retrieve_model, tokenize, detokenize]

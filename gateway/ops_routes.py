@@ -10,7 +10,7 @@ from shared.protocol import Health
 
 from .encoding import encode
 from .metrics import CONTENT_TYPE
-from .state import Gateway
+from .state import ENGINE_DEAD, Gateway
 
 
 def _gw(request: Request[Any, Any, Any]) -> Gateway:
@@ -18,9 +18,13 @@ def _gw(request: Request[Any, Any, Any]) -> Gateway:
     return gw
 
 
-@get("/health", summary="Liveness: the process answers")
-async def health() -> Response[bytes]:
-    return Response(encode(Health(status="ok")), media_type="application/json")
+@get("/health", summary="Liveness: the process answers and its engine runs (503 once the engine died)")
+async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
+    # a dead engine never recovers in this process: 503 tells a supervisor or the fleet router to
+    # restart or route around it (vLLM answers the same); draining is not dead, so it stays 200
+    alive = _gw(request).backend.is_alive()
+    status = Health(status="ok" if alive else ENGINE_DEAD)
+    return Response(encode(status), media_type="application/json", status_code=200 if alive else 503)
 
 
 @get("/ready", summary="Readiness: the model is loaded and new requests are accepted")

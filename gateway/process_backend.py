@@ -5,8 +5,8 @@ Admission); the engine process holds the weights and the KV cache and steps.
 
 A reader thread takes the engine's batches off the pipe and hands each event loop its share in one
 call per batch. A stream closed before the engine took its request aborts it once taken. If the
-engine process dies, every open request ends with an error output and `is_alive` turns false (the
-readiness check answers 503, as do later submissions): nothing hangs.
+engine process dies, every open request fails with EngineDeadError and `is_alive` turns false (the
+health checks answer 503, later submissions are refused with the same error): nothing hangs.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from cloud.engine.engine_process import (
 from cloud.engine.output import RequestOutput
 from cloud.engine.prompt import render_chat_prompt
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
-from shared.errors import EngineError, InvalidRequestError, ModelLoadError
+from shared.errors import EngineDeadError, InvalidRequestError, ModelLoadError
 
 log = structlog.get_logger("ctxfuse.engine")
 
@@ -127,6 +127,9 @@ class ProcessBackend:
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self._admission.default_max_tokens(num_prompt_tokens)
 
+    def check_text_size(self, num_chars: int) -> None:
+        self._admission.check_text_size(num_chars, self.tokenizer.max_token_bytes)
+
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._admission.check(prompt_token_ids, params)
 
@@ -143,7 +146,7 @@ class ProcessBackend:
         stream = _Stream(self, request_id, params.n)
         with self._lock:
             if self._error is not None:
-                raise EngineError(self._error)
+                raise EngineDeadError(self._error)
             if request_id in self._streams:
                 raise InvalidRequestError(f"request id {request_id} is already in use")
             self._streams[request_id] = stream
@@ -204,7 +207,7 @@ class ProcessBackend:
             self._dispatch(batch)
         self._process.join(5)
         code = self._process.exitcode
-        self._fail_all(f"the engine process exited (exit code {code})")
+        self._fail_all(f"the engine has stopped: the engine process exited (exit code {code})")
 
     def _dispatch(self, batch: Batch) -> None:
         calls: dict[asyncio.AbstractEventLoop, list[tuple[Any, ...]]] = {}
@@ -238,14 +241,8 @@ class ProcessBackend:
             self._error = reason
             streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
-            error = Refusal("EngineError", reason)
-            finals = [
-                RequestOutput(
-                    stream.request_id, i, "", [], finished=True, finish_reason="error", error=reason
-                )
-                for i in sorted(stream.unfinished)
-            ]
-            _call_soon(stream.loop, _run_all, [(stream.on_accepted, error), (stream.deliver, finals)])
+            refusal = Refusal.of(EngineDeadError(reason))
+            _call_soon(stream.loop, _run_all, [(stream.on_accepted, refusal), (stream.fail, reason)])
 
 
 def _run_all(items: list[tuple[Any, ...]]) -> None:

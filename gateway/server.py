@@ -3,6 +3,10 @@
 On the signal the gateway stops taking new requests (/ready turns 503, new API calls get a 503, the
 listening socket closes), lets running requests finish for up to `shutdown_timeout_s`, then exits;
 uvicorn cancels whatever still runs after that, and cancelled requests are aborted in the engine.
+
+If the engine dies, the open requests fail with EngineDeadError (the backend sees to that) and `serve`
+stops the same way and exits non-zero, so a supervisor (systemd, Kubernetes) restarts it: a process
+whose engine is gone can only refuse work.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import uvicorn
 
 from cloud.engine.config import EngineConfig
 from cloud.model.registry import cache_dir
+from shared import conn_limits
 from shared.draining import DrainingServer
 from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
@@ -42,10 +47,29 @@ def bound_port(server: uvicorn.Server) -> int | None:
 class GatewayServer(DrainingServer):
     """Also: mark the gateway draining on a signal, and report the bound address."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_started: bool = True) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        gateway: Gateway,
+        on_started: bool = True,
+        exit_on_engine_death: bool = False,
+    ) -> None:
         super().__init__(config)
         self.gateway = gateway
         self.announce = on_started
+        # `serve` stops when the engine dies; an embedder (a test) may keep answering 503 instead
+        self.exit_on_engine_death = exit_on_engine_death
+        self.engine_died = False  # the stop was for a dead engine: `serve` exits non-zero
+
+    async def on_tick(self, counter: int) -> bool:
+        # uvicorn's main loop asks every 0.1 s whether to stop: a dead engine is a reason to
+        if self.exit_on_engine_death and not self.engine_died and not self.gateway.backend.is_alive():
+            self.engine_died = True
+            log.error("engine_dead_exiting")
+            for companion in self.companions:
+                companion.should_exit = True
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.gateway.draining:
@@ -62,11 +86,13 @@ class GatewayServer(DrainingServer):
         if self.started and self.announce:
             cfg = self.gateway.config
             port = self.bound_port or cfg.port
-            base = GatewayConfig(host=cfg.host, port=port).base_url
+            base = GatewayConfig(host=cfg.host, port=port, ssl_certfile=cfg.ssl_certfile).base_url
             print(f"ctxfuse: serving {self.gateway.backend.model_name} at base_url={base}", flush=True)
 
 
 def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
+    """The OpenAI port (of a gateway, a worker or a router): connection limits, and TLS when
+    configured."""
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=config.host,
@@ -77,6 +103,9 @@ def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
         timeout_graceful_shutdown=int(config.shutdown_timeout_s),
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         lifespan="on",
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
+        **conn_limits.uvicorn_options(config.conn_limits),
     )
 
 
@@ -86,9 +115,10 @@ def build_server(
     announce: bool = True,
     chunk_store: ChunkStore | None = None,
     worker: WorkerEngine | None = None,
+    exit_on_engine_death: bool = False,
 ) -> GatewayServer:
     app, gateway = create_app(backend, config, Gateway(backend, config, chunk_store), worker)
-    return GatewayServer(uvicorn_config(app, config), gateway, announce)
+    return GatewayServer(uvicorn_config(app, config), gateway, announce, exit_on_engine_death)
 
 
 def open_chunk_store(config: GatewayConfig) -> ChunkStore:
@@ -138,11 +168,14 @@ def serve(engine_config: EngineConfig, config: GatewayConfig, worker: bool = Fal
     for line in backend.describe:
         print(f"ctxfuse: {line}", file=sys.stderr, flush=True)
     store = open_chunk_store(config) if config.edge_port is not None else None
-    server = build_server(backend, config, chunk_store=store, worker=engine)
+    server = build_server(backend, config, chunk_store=store, worker=engine, exit_on_engine_death=True)
     try:
         run_servers(server)
     finally:
         backend.shutdown()
         if store is not None:
             store.close()
+    if server.engine_died:
+        print("ctxfuse: the engine has stopped; exiting for a supervisor to restart", file=sys.stderr)
+        return 1
     return 0 if server.started else 1

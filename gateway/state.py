@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from shared.errors import NotFoundError
+from shared.errors import EngineDeadError, NotFoundError
 
 from .backend import Backend
 from .chunk_store import ChunkStore
@@ -15,9 +15,14 @@ from .errors import ServiceUnavailableError
 from .images import Images
 from .logprobs import TokenTexts
 from .metrics import Metrics
+from .rate_limits import RateLimiter
 
 if TYPE_CHECKING:
     from .batch_runner import BatchRunner
+
+
+# the open requests' errors say why it stopped (the exit code, the exception); the log has the rest
+ENGINE_DEAD = "the engine has stopped; the server must be restarted"
 
 
 class Gateway:
@@ -34,18 +39,21 @@ class Gateway:
         # the Batch API's runner, one per process: made by the first app built over this state
         self.batches: BatchRunner | None = None
         self.images = Images(config.vision)  # image parts -> features, built on the first image
+        self.limiter = RateLimiter()  # per-key requests, tokens and in-flight counts (tenant_auth.py)
 
     def not_ready_reason(self) -> str | None:
+        if not self.backend.is_alive():
+            return ENGINE_DEAD
         if self.draining:
             return "draining: the server is shutting down"
-        if not self.backend.is_alive():
-            return "the engine has stopped"
         return None
 
     def backend_for_work(self) -> Backend:
-        reason = self.not_ready_reason()
-        if reason is not None:
-            raise ServiceUnavailableError(f"not accepting requests: {reason}")
+        """The backend, or the reason no new work is taken: refused at once, never queued."""
+        if not self.backend.is_alive():
+            raise EngineDeadError(f"not accepting requests: {ENGINE_DEAD}")
+        if self.draining:
+            raise ServiceUnavailableError("not accepting requests: draining: the server is shutting down")
         return self.backend
 
     def check_model(self, name: str | None) -> None:

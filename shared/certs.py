@@ -15,8 +15,13 @@ One layout per TLS directory (`TLSDir` owns the paths):
 
 A device gets ca.pem and its own devices/NAME.{pem,key}; the gateway gets ca.pem, server.{pem,key}
 and crl.pem. Keys are EC P-256, unencrypted PKCS#8 PEM, created with mode 0600 so that they are never
-readable by others, not even for an instant. Files are replaced atomically (write aside, rename), so
-a gateway reloading crl.pem never reads half a file.
+readable by others, not even for an instant.
+
+Crash safety: each file is replaced atomically and durably (write aside, fsync, rename, fsync the
+directory), so a gateway reloading crl.pem never reads half a file and a finished command survives
+power loss. index.json is the source of truth and is written first; crl.pem is rebuilt from it. A crash
+between the two leaves a CRL older than the index (never one that forgets a revocation the index
+holds), and the next revoke or issue publishes a CRL from the index again (`_sync_crl`).
 """
 
 from __future__ import annotations
@@ -169,9 +174,7 @@ def init_ca(root: Path, *, days: int = CA_DAYS) -> Issued:
     cert = builder.sign(key, hashes.SHA256())
     _write_key(d.ca_key, key)
     _write_public(d.ca_cert, cert.public_bytes(serialization.Encoding.PEM))
-    index = Index()
-    _write_crl(d, cert, key, index)
-    _write_index(d, index)
+    _publish_crl(d, cert, key, Index())
     return Issued(d.ca_cert, d.ca_key, cert.serial_number, cert.not_valid_after_utc)
 
 
@@ -196,17 +199,19 @@ def issue_device(root: Path, name: str, *, days: int = DEVICE_DAYS) -> Issued:
     cert_path, key_path = d.device_cert(name), d.device_key(name)
     ca_cert, ca_key = _load_ca(d)
     index = _read_index(d)
+    _sync_crl(d, ca_cert, ca_key, index)
     earlier = index.devices.get(name)
     if earlier is not None and earlier.revoked_at is None:
         raise AlreadyExistsError(f"device {name!r} already has a valid certificate; revoke it first")
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     san = x509.UniformResourceIdentifier(DEVICE_URI_PREFIX + name)
     key, cert = _issue_leaf(ca_cert, ca_key, subject, [san], ExtendedKeyUsageOID.CLIENT_AUTH, days)
+    # recorded before the files exist: a certificate that is out there can always be revoked by name
+    index.devices[name] = DeviceRecord(name, format(cert.serial_number, "x"), cert.not_valid_after_utc)
+    _write_index(d, index)
     cert_path.parent.mkdir(exist_ok=True)
     _write_key(key_path, key)
     _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
-    index.devices[name] = DeviceRecord(name, format(cert.serial_number, "x"), cert.not_valid_after_utc)
-    _write_index(d, index)
     return Issued(cert_path, key_path, cert.serial_number, cert.not_valid_after_utc)
 
 
@@ -216,6 +221,7 @@ def revoke_device(root: Path, name: str) -> DeviceRecord:
     check_device_name(name)
     ca_cert, ca_key = _load_ca(d)
     index = _read_index(d)
+    _sync_crl(d, ca_cert, ca_key, index)  # a revoke cut short before its CRL is published now
     record = index.devices.get(name)
     if record is None:
         raise UnknownDeviceError(f"no device {name!r} in {d.index}")
@@ -223,8 +229,7 @@ def revoke_device(root: Path, name: str) -> DeviceRecord:
         raise AlreadyExistsError(f"device {name!r} was already revoked at {record.revoked_at.isoformat()}")
     record.revoked_at = dt.datetime.now(dt.UTC)
     index.revoked.append(RevokedSerial(record.serial, name, record.revoked_at))
-    _write_crl(d, ca_cert, ca_key, index)
-    _write_index(d, index)
+    _publish_crl(d, ca_cert, ca_key, index)
     return record
 
 
@@ -300,21 +305,45 @@ def _authority_key_id(ca_key: ec.EllipticCurvePrivateKey) -> x509.AuthorityKeyId
     return x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
 
 
-def _write_crl(
+def _publish_crl(
     d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index
 ) -> None:
+    """A new CRL of everything `index` revokes: the index (with the CRL's number and time) first, then
+    crl.pem built from it, so no crash leaves a CRL the index does not account for."""
     # shared.tls adds each new CRL beside the old ones in the live context, and OpenSSL then uses the
     # CRL with the latest lastUpdate (whole seconds). So each CRL must be strictly later than the last:
     # wait for the next second rather than date it in the future (a future CRL is "not yet valid").
-    last_update = _next_crl_time(index.crl_last_update)
+    index.crl_last_update = _next_crl_time(index.crl_last_update)
+    index.crl_number += 1
+    _write_index(d, index)
+    _write_crl(d, ca_cert, ca_key, index)
+
+
+def _sync_crl(d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index) -> None:
+    """Publish a CRL again if crl.pem is not the one the index last recorded (a crash between the two)."""
+    try:
+        crl = x509.load_pem_x509_crl(d.crl.read_bytes())
+        number = crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        number = None
+    if number != index.crl_number:
+        _publish_crl(d, ca_cert, ca_key, index)
+
+
+def _write_crl(
+    d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index
+) -> None:
+    """crl.pem from the index: its number, time and revoked serials."""
+    if index.crl_last_update is None:
+        raise CertsError(f"{d.index} records no CRL time; it was not written by `ctxfuse certs`")
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
-        .last_update(last_update)
+        .last_update(index.crl_last_update)
         # the CRL never goes stale on its own: the gateway reads it locally, and an expired CRL
         # would refuse every device
         .next_update(ca_cert.not_valid_after_utc)
-        .add_extension(x509.CRLNumber(index.crl_number + 1), critical=False)
+        .add_extension(x509.CRLNumber(index.crl_number), critical=False)
         .add_extension(_authority_key_id(ca_key), critical=False)
     )
     for r in index.revoked:
@@ -322,8 +351,6 @@ def _write_crl(
         builder = builder.add_revoked_certificate(revoked.revocation_date(r.revoked_at).build())
     crl = builder.sign(ca_key, hashes.SHA256())
     _write_public(d.crl, crl.public_bytes(serialization.Encoding.PEM))
-    index.crl_number += 1
-    index.crl_last_update = last_update
 
 
 def _next_crl_time(previous: dt.datetime | None) -> dt.datetime:
@@ -372,7 +399,8 @@ def _write_public(path: Path, data: bytes) -> None:
 
 
 def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    # the file is born with `mode` (O_EXCL on a fresh name), filled, then renamed over the target
+    # the file is born with `mode` (O_EXCL on a fresh name), filled and synced, then renamed over the
+    # target; syncing the directory makes the rename itself survive power loss
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -384,3 +412,12 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

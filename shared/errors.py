@@ -65,3 +65,15 @@ class EngineError(CtxfuseError):
 
     status = 500
     type = "server_error"
+
+
+class EngineDeadError(EngineError):
+    """The engine has stopped (its process died, or its loop failed): every open request and every
+    later one fail with this until a supervisor restarts the server (vLLM's EngineDeadError). 503, not
+    500: the server is unavailable rather than wrong about this request, so load balancers and the
+    fleet router send the retry elsewhere; OpenAI's clients retry both alike."""
+
+    status = 503
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="engine_dead")

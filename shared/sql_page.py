@@ -5,11 +5,20 @@ from __future__ import annotations
 
 
 def newest_first(
-    table: str, column: str, limit: int, after: str | None, purpose: str | None = None
+    table: str,
+    column: str,
+    limit: int,
+    after: str | None,
+    purpose: str | None = None,
+    owner: str | None = None,
 ) -> tuple[str, tuple[object, ...]]:
-    """(SQL, parameters) selecting `column`; `table` and `column` are ours, never a client's."""
+    """(SQL, parameters) selecting `column`, only `owner`'s rows when given; `table` and `column` are
+    ours, never a client's."""
     where: list[str] = []
     args: list[object] = []
+    if owner is not None:
+        where.append("owner = ?")
+        args.append(owner)
     if after is not None:  # an unknown cursor pages from nothing (seq < -1), as OpenAI's does
         where.append(f"seq < COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
         args.append(after)

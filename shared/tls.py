@@ -7,30 +7,37 @@ could resume a session made before it was revoked. TLS 1.2's server-side session
 switched off from Python, so TLS 1.2 is refused; with no tickets there is nothing to resume, and every
 connection is checked against the current CRL.
 
+A revocation also reaches connections already open: every request is checked against the revoked
+serials of the current crl.pem (`DeviceScope`), and a revoked device's request gets a 403 and the
+connection is closed.
+
 uvicorn internals this relies on (pin `uvicorn[standard]>=0.54,<0.55` and re-run tests/shared on
-each upgrade): `Config(ssl_context_factory=...)` (public, new in recent releases); the httptools
-protocol's constructor, its `connection_made` being called with the TLS transport once the handshake
-is done, and its `app_state` attribute being copied into every request's `scope["state"]`. Python:
-`SSLContext._msg_callback` (private, present since 3.8) and `sni_callback`.
+each upgrade): `Config(ssl_context_factory=...)` (public, new in recent releases); the h11
+protocol's constructor (through shared/conn_limits.py), its `connection_made` being called with the
+TLS transport once the handshake is done, and its `app_state` attribute being copied into every
+request's `scope["state"]`. Python: `SSLContext._msg_callback` (private, present since 3.8) and
+`sni_callback`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import structlog
 import uvicorn
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.certs import CertsError, TLSDir, check_device_name
+from shared.conn_limits import ConnLimits, LimitedH11Protocol, uvicorn_options
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -39,6 +46,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOGGER = "ctxfuse.edge_tls"
 DEVICE_STATE_KEY = "device"  # scope["state"]["device"]: the verified device name
+SERIAL_STATE_KEY = "device_serial"  # scope["state"]["device_serial"]: its certificate's serial (int)
 
 _ALERT, _HANDSHAKE, _CERTIFICATE, _FATAL = 21, 22, 11, 2
 # why the gateway refused, by the TLS alert it sent (RFC 8446 section 6); others are logged by name
@@ -94,7 +102,7 @@ class RevocationWatcher:
     """Keeps a live server context's revocation list current. `refresh()` costs one stat() when
     crl.pem is unchanged; a changed file is added to the context's store, where OpenSSL uses the
     CRL with the latest lastUpdate (shared.certs makes each new one strictly later) for every NEW
-    handshake. Connections already open are not closed."""
+    handshake; `revoked` holds the same list's serials, for requests on connections already open."""
 
     def __init__(self, context: ssl.SSLContext, tls_dir: Path | str) -> None:
         self._context = context
@@ -102,6 +110,7 @@ class RevocationWatcher:
         # None: the first refresh loads the file even if server_context read this same version
         # (OpenSSL keeps one copy of an identical CRL), so no change between the two is missed
         self._seen: tuple[int, int, int] | None = None
+        self.revoked: frozenset[int] = frozenset()
 
     def refresh(self) -> bool:
         """Load crl.pem again if it changed; True when it did. Raises OSError or ssl.SSLError for a
@@ -111,9 +120,19 @@ class RevocationWatcher:
         signature = (st.st_mtime_ns, st.st_size, st.st_ino)
         if signature == self._seen:
             return False
+        # each crl.pem lists every serial ever revoked (shared.certs rebuilds it from the index)
+        crl = x509.load_pem_x509_crl(self._path.read_bytes())
+        revoked = frozenset(entry.serial_number for entry in crl)
         self._context.load_verify_locations(cafile=self._path)
+        self.revoked = revoked
         self._seen = signature
         return True
+
+    def is_revoked(self, serial: int) -> bool:
+        """Whether `serial` is revoked by the current crl.pem (reloaded if it changed). A file that
+        cannot be read leaves the list already loaded in force, as for handshakes."""
+        self._refresh_or_log()
+        return serial in self.revoked
 
     def refresh_on_every_handshake(self) -> None:
         """Call `refresh()` at the start of each handshake (the context's SNI callback, which runs on
@@ -122,9 +141,12 @@ class RevocationWatcher:
         self._context.sni_callback = self._on_client_hello
 
     def _on_client_hello(self, _conn: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        self._refresh_or_log()
+
+    def _refresh_or_log(self) -> None:
         try:
             self.refresh()
-        except (OSError, ssl.SSLError) as exc:
+        except (OSError, ssl.SSLError, ValueError) as exc:
             # an exception here would abort this handshake; keep the CRLs already loaded instead
             log = structlog.get_logger(LOGGER)
             log.error("edge_tls_crl_reload_failed", path=str(self._path), error=str(exc))
@@ -197,24 +219,58 @@ def _describe(der: bytes | None) -> tuple[str | None, str | None]:
     return (str(cns[0].value) if cns else None), format(cert.serial_number, "x")
 
 
-class DeviceHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol (`uvicorn.Config(http=DeviceHttpProtocol)`), plus: every request
-    on a connection carries the CN of that connection's verified client certificate in
-    scope["state"]["device"].
+class DeviceHttpProtocol(LimitedH11Protocol):
+    """uvicorn's h11 protocol under our connection limits (`uvicorn.Config(http=DeviceHttpProtocol)`,
+    or `conn_limits.uvicorn_options(limits, DeviceHttpProtocol)`), plus: every request on a
+    connection carries the CN of that connection's verified client certificate in
+    scope["state"]["device"], and its serial in scope["state"]["device_serial"].
 
     The name travels with the connection: uvicorn copies the protocol's `app_state` into each
     request's scope["state"] (and hands it to WebSocket upgrades), before any middleware runs. It is
     never looked up by address: a lookup by scope["client"] can be pointed at another device's
     connection with X-Forwarded-For whenever uvicorn's proxy headers are on, as they are by default
-    for loopback peers."""
+    for loopback peers.
+
+    With `revocations` bound (edge_listener does), the connection is also closed, idle or not, within
+    `revocation_check_s` of its device's revocation: an idle kept-alive connection or a long stream
+    does not outlive it."""
+
+    revocations: ClassVar[RevocationWatcher | None] = None
+    revocation_check_s: ClassVar[float] = 10.0
+    _revocation_timer: asyncio.TimerHandle | None = None  # per connection, once it is made
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         # with CERT_REQUIRED the transport exists only once the certificate was verified
-        name = _common_name(transport.get_extra_info("peercert"))
+        peercert = transport.get_extra_info("peercert")
+        name = _common_name(peercert)
+        serial = _serial(peercert) if isinstance(peercert, dict) else None
         if name is not None:
             # this connection's own dict: the one passed in is the lifespan state, shared by all
-            self.app_state = {**self.app_state, DEVICE_STATE_KEY: name}
+            self.app_state = {**self.app_state, DEVICE_STATE_KEY: name, SERIAL_STATE_KEY: serial}
+        if serial is not None and self.revocations is not None and not transport.is_closing():
+            self._check_revocation(serial)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._revocation_timer is not None:
+            self._revocation_timer.cancel()
+        super().connection_lost(exc)
+
+    def _check_revocation(self, serial: int) -> None:
+        self._revocation_timer = None
+        if self.transport.is_closing() or self.revocations is None:
+            return
+        if self.revocations.is_revoked(serial):
+            log = structlog.get_logger(LOGGER)
+            log.warning("edge_tls_revoked_connection_closed", serial=format(serial, "x"))
+            self.transport.close()  # a request still running sees a disconnect and is aborted
+            return
+        self._revocation_timer = self.loop.call_later(self.revocation_check_s, self._check_revocation, serial)
+
+
+def _serial(peercert: dict[str, Any]) -> int | None:
+    value = peercert.get("serialNumber")
+    return int(value, 16) if isinstance(value, str) else None
 
 
 def _common_name(peercert: object) -> str | None:
@@ -234,28 +290,49 @@ class DeviceScope:
     """ASGI middleware that guarantees scope["state"]["device"] (Litestar: `request.state.device`)
     on every HTTP and WebSocket request, as `DeviceHttpProtocol` set it. A request without one is
     refused (403, or WebSocket close 1008), never served anonymously: it means the listener runs
-    without `DeviceHttpProtocol`, or the certificate's CN is not a device name."""
+    without `DeviceHttpProtocol`, or the certificate's CN is not a device name.
 
-    def __init__(self, app: ASGIApp) -> None:
+    With a `watcher`, every request is also checked against the current revocation list: a kept-alive
+    connection outlives its handshake, so a device revoked after it connected is refused on its next
+    request (403, `Connection: close`), not only on its next handshake."""
+
+    def __init__(self, app: ASGIApp, watcher: RevocationWatcher | None = None) -> None:
         self.app = app
+        self.watcher = watcher
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            name = scope.get("state", {}).get(DEVICE_STATE_KEY)
+            state = scope.get("state", {})
+            name = state.get(DEVICE_STATE_KEY)
+            log = structlog.get_logger(LOGGER)
             if not isinstance(name, str):
-                log = structlog.get_logger(LOGGER)
                 log.error("edge_tls_no_device", client=scope.get("client"), path=scope.get("path"))
-                await _refuse(scope, send)
+                await _refuse(scope, send, "no verified device certificate")
+                return
+            serial = state.get(SERIAL_STATE_KEY)
+            # fail closed: with a watcher, a connection whose serial is unknown is not served either
+            if self.watcher is not None and (not isinstance(serial, int) or self.watcher.is_revoked(serial)):
+                log.warning("edge_tls_revoked_on_open_connection", device=name, serial=_hex(serial))
+                await _refuse(scope, send, "this device's certificate is revoked")
                 return
         await self.app(scope, receive, send)
 
 
-async def _refuse(scope: Scope, send: Send) -> None:
+def _hex(serial: object) -> str | None:
+    return format(serial, "x") if isinstance(serial, int) else None
+
+
+async def _refuse(scope: Scope, send: Send, message: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    body = b'{"error":{"message":"no verified device certificate","type":"permission_error","code":null}}'
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    error = {"message": message, "type": "permission_error", "param": None, "code": None}
+    body = json.dumps({"error": error}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),  # nothing more is served on this connection
+    ]
     await send({"type": "http.response.start", "status": 403, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -267,23 +344,40 @@ class EdgeListener:
     watcher: RevocationWatcher
 
 
-def edge_listener(app: ASGIApp, tls_dir: Path | str, *, host: str, port: int, **options: Any) -> EdgeListener:
+def edge_listener(
+    app: ASGIApp,
+    tls_dir: Path | str,
+    *,
+    host: str,
+    port: int,
+    limits: ConnLimits | None = None,
+    revocation_check_s: float = DeviceHttpProtocol.revocation_check_s,
+    **options: Any,
+) -> EdgeListener:
     """A uvicorn config for the edge listener: mutual TLS from `tls_dir`, the CRL reloaded on every
-    handshake, the device name in each request's scope. `options` go to uvicorn.Config unchanged.
+    handshake, checked on every request and every `revocation_check_s` on each open connection, the
+    device name in each request's scope, connections under `limits` (default ConnLimits()). `options`
+    go to uvicorn.Config unchanged.
 
     Proxy headers are off: TLS ends here, so no trusted proxy can stand in front, and scope["client"]
     (in logs, and any per-address limit) must be the real peer, not what a device's X-Forwarded-For
     says."""
     context = server_context(tls_dir)
     watcher = RevocationWatcher(context, tls_dir)
+    watcher.refresh()  # the revoked serials, now: an unreadable crl.pem stops the start, not a request
     watcher.refresh_on_every_handshake()
     config = uvicorn.Config(
-        DeviceScope(app),
+        DeviceScope(app, watcher),
         host=host,
         port=port,
-        http=DeviceHttpProtocol,
         ssl_context_factory=lambda _config, _default: context,
         proxy_headers=False,
+        **uvicorn_options(
+            limits or ConnLimits(),
+            DeviceHttpProtocol,
+            revocations=watcher,
+            revocation_check_s=revocation_check_s,
+        ),
         **options,
     )
     return EdgeListener(config, context, watcher)

@@ -5,19 +5,29 @@ went away) aborts its request, which frees its blocks at once.
 
 Commands (add, abort) reach the loop through a thread-safe queue and are applied between steps,
 so the core itself stays single-threaded.
+
+A failure the loop cannot contain (one that escapes its own guard around a step) kills the engine, as
+vLLM's EngineDeadError does: every open stream and every queued submission fails with EngineDeadError,
+later submissions are refused at once, and `is_running` turns false, so nothing waits forever on a
+loop that will never step again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
 from xgrammar import CompiledGrammar
+
+from shared.errors import EngineDeadError
 
 from .config import EngineConfig
 from .core import EngineCore, EngineStats
@@ -56,7 +66,7 @@ class OutputStream:
 
     def __init__(self, n: int) -> None:
         self.loop = asyncio.get_running_loop()  # where the outputs are consumed
-        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queue: asyncio.Queue[RequestOutput | EngineDeadError] = asyncio.Queue()
         self._remaining = n  # choices not yet finished, as the caller has seen them
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
@@ -65,9 +75,17 @@ class OutputStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         while self._remaining:
             out = await self._queue.get()
+            if isinstance(out, EngineDeadError):
+                self._remaining = 0  # nothing more will come, and there is nothing left to abort
+                raise out
             if out.finished:
                 self._remaining -= 1
             yield out
+
+    def fail(self, reason: str) -> None:
+        """The engine died: the iteration raises EngineDeadError after what it already holds.
+        Called on `loop` (another thread uses call_soon_threadsafe)."""
+        self._queue.put_nowait(EngineDeadError(reason))
 
 
 class RequestStream(OutputStream):
@@ -106,8 +124,15 @@ class AsyncEngine:
         self._sinks: dict[str, Sink] = {}
         self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ctxfuse-grammar")
         self._after_iteration = after_iteration
-        self._thread = threading.Thread(target=self.run, name="ctxfuse-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run_on_thread, name="ctxfuse-engine", daemon=True)
         self._stopped = False
+        # why the loop died, once it has; with the open streams, guarded by the lock so that a stream
+        # or a submission arriving as the loop dies is either failed by _die or refused by its caller
+        self._dead: str | None = None
+        self._streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        # commands taken off the queue and not yet applied: refused by _die if the loop dies first
+        self._taken: deque[_Add | _Abort | None] = deque()
         if thread:
             self._thread.start()
 
@@ -129,8 +154,9 @@ class AsyncEngine:
         image_spans: tuple[ImageSpan, ...] = (),
     ) -> str:
         """Queue a request; `sink` receives its outputs on the engine thread. Raises the client's
-        mistake (or QueueFullError) here, before any work. `grammar`: params.grammar compiled;
-        compiled here, on the caller's thread, when not given (never on the engine thread)."""
+        mistake (or QueueFullError, or EngineDeadError) here, before any work. `grammar`:
+        params.grammar compiled; compiled here, on the caller's thread, when not given (never on the
+        engine thread)."""
         rid = request_id or self.core.next_request_id()
         self.core.check(prompt_token_ids, params)
         if grammar is None:
@@ -160,10 +186,16 @@ class AsyncEngine:
         image_spans: tuple[ImageSpan, ...] = (),
     ) -> None:
         """Queue a request without waiting: `accepted` hears, on the engine thread, whether the core
-        took it (None) or refused it (the error). `grammar` must already be compiled when asked for."""
-        self._commands.put(
-            _Add(request_id, prompt_token_ids, params, priority, sink, accepted, grammar, image_spans)
-        )
+        took it (None) or refused it (the error); on this thread at once when the engine is dead.
+        `grammar` must already be compiled when asked for."""
+        with self._lock:
+            dead = self._dead
+            if dead is None:
+                self._commands.put(
+                    _Add(request_id, prompt_token_ids, params, priority, sink, accepted, grammar, image_spans)
+                )
+        if dead is not None:
+            accepted(EngineDeadError(dead))
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -181,6 +213,10 @@ class AsyncEngine:
         (the client's mistake, QueueFullError) raise here, before any output exists."""
         grammar = await self.compile_grammar(params)
         stream = RequestStream(self, params.n)
+        with self._lock:
+            if self._dead is not None:
+                raise EngineDeadError(self._dead)
+            self._streams.add(stream)  # failed by _die should the loop die while it is open
         # submit waits for the engine thread to take the command (at most one step): run it off the loop
         accepted = asyncio.ensure_future(
             asyncio.to_thread(
@@ -240,7 +276,7 @@ class AsyncEngine:
             stream.close()
 
     def is_running(self) -> bool:
-        return self._thread.is_alive()
+        return self._dead is None and self._thread.is_alive()
 
     def stats(self) -> EngineStats:
         return self.core.stats()
@@ -297,15 +333,46 @@ class AsyncEngine:
             except queue.Empty:
                 return cmds
 
+    def _run_on_thread(self) -> None:
+        # _die has logged the failure and failed every request: the thread just ends
+        with contextlib.suppress(BaseException):
+            self.run()
+
     def run(self) -> None:
-        """The loop: apply commands, step while there is work, sleep when idle; until shutdown."""
+        """The loop until shutdown; a failure that escapes it kills the engine (see _die) and is
+        raised again, so an engine process ends with it and its gateway sees the process exit."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            self._die(exc)
+            raise
+
+    def _die(self, exc: BaseException) -> None:
+        reason = f"the engine has stopped: {type(exc).__name__}: {exc}"
+        log.error("engine_loop_died", reason=reason, exc_info=exc)
+        with self._lock:
+            self._dead = reason
+            streams = list(self._streams)
+            pending = [*self._taken, *self._drain(block=False)]
+        for cmd in pending:  # queued submissions: their submitters wait for this answer
+            if isinstance(cmd, _Add):
+                cmd.accepted(EngineDeadError(reason))
+        for stream in streams:
+            with contextlib.suppress(RuntimeError):  # that event loop has closed: nobody waits there
+                stream.loop.call_soon_threadsafe(stream.fail, reason)
+        self._sinks.clear()
+
+    def _loop(self) -> None:
+        """Apply commands, step while there is work, sleep when idle; until shutdown."""
         worked = False
         while True:
             idle = not self.core.has_work()
             if idle and worked:  # give back what the steps' activations left on the heap
                 release_free_heap()
             worked = not idle
-            for cmd in self._drain(block=idle):  # sleep only when idle
+            self._taken.extend(self._drain(block=idle))  # sleep only when idle
+            while self._taken:
+                cmd = self._taken.popleft()
                 if cmd is None:
                     return
                 self._apply(cmd)

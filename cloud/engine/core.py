@@ -254,9 +254,9 @@ class EngineCore:
         if len(self.scheduler.waiting) + params.n > self.scheduler.config.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.config.max_waiting} requests)")
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
-        extra_key = b""
+        extra_key = b"" if params.cache_salt is None else b"salt:" + params.cache_salt.encode()
         if dropped and image_spans:  # positions moved: every block carries every image's hash instead
-            extra_key, image_spans = b"".join(s.digest for s in image_spans), ()
+            extra_key, image_spans = extra_key + b"".join(s.digest for s in image_spans), ()
         first: Request | None = None
         kids = []
         for i in range(params.n):

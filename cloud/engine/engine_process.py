@@ -28,6 +28,7 @@ from cloud.model.tokenizer import Tokenizer
 from shared.errors import (
     ContextLengthExceededError,
     CtxfuseError,
+    EngineDeadError,
     EngineError,
     InvalidRequestError,
     ModelLoadError,
@@ -70,6 +71,7 @@ _ERRORS: dict[str, type[CtxfuseError]] = {
         NotFoundError,
         ModelLoadError,
         EngineError,
+        EngineDeadError,
     )
 }
 

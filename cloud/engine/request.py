@@ -40,6 +40,9 @@ class SamplingParams:
     grammar: GrammarSpec | None = None  # the output must follow this grammar (JSON schema, tool calls)
     # also report each chosen token's logprob under the grammar-masked distribution
     constrained_logprobs: bool = False
+    # partitions the prefix cache: cached blocks are reused only by requests with the same salt (the
+    # gateway sets the caller's tenant, so one tenant's hits never reveal another's prompts)
+    cache_salt: str | None = None
 
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidRequestError naming the first bad field."""

@@ -118,6 +118,19 @@ def _backend_from_gguf(data: GGUFTokenizerData) -> _RustTokenizer:
     return backend
 
 
+def _max_token_bytes(backend: _RustTokenizer, byte_level: bool) -> int | None:
+    """The most bytes of text one token stands for, where every byte of a text ends up in exactly one
+    token (byte-level BPE, no normalizer): then a text of n bytes is at least n / this many tokens,
+    which refuses a prompt too long for the context before it is tokenized. None where that bound
+    does not hold (a normalizer may drop characters)."""
+    if not byte_level or backend.normalizer is not None:
+        return None
+    # byte-level vocabulary strings map one character to one byte; added tokens match their text
+    longest = max((len(piece) for piece in backend.get_vocab(with_added_tokens=False)), default=1)
+    added = backend.get_added_tokens_decoder().values()
+    return max([longest, *(len(t.content.encode()) for t in added)])
+
+
 class Tokenizer:
     """Text <-> token ids for one model. Safe to share across threads: nothing mutates the backend."""
 
@@ -142,6 +155,7 @@ class Tokenizer:
         self.eos_ids: frozenset[int] = frozenset(i for i in ends if i is not None)
         added = backend.get_added_tokens_decoder()
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
+        self.max_token_bytes = _max_token_bytes(backend, self.byte_level)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as the backend's JSON: an engine process hands its tokenizer to the gateway

@@ -77,6 +77,9 @@ class InstantBackend:
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return max(1, self.max_model_len - num_prompt_tokens)
 
+    def check_text_size(self, num_chars: int) -> None:
+        pass  # the fake upstream refuses nothing by size
+
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         params.validate(self.tokenizer.vocab_size)
 

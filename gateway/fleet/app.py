@@ -20,10 +20,10 @@ import httpx
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
+from shared.forwarded_path import forwarded_path
 from shared.protocol import Health
 
 from .. import batch_routes
@@ -31,8 +31,11 @@ from ..batch_runner import BatchRunner
 from ..disconnect import cancel_on_disconnect
 from ..encoding import encode
 from ..errors import EXCEPTION_HANDLERS, ServiceUnavailableError
+from ..key_store import KeyStore
 from ..metrics import Metrics
 from ..observe import Observe
+from ..rate_limits import RateLimiter
+from ..tenant_auth import Authenticate
 from .fleet import Fleet
 from .health import check, run_checks
 from .keys import RequestKeys
@@ -90,8 +93,10 @@ async def models(request: AnyRequest) -> Response[bytes]:
 
 
 @get("/v1/models/{model_id:path}", summary="Retrieve a model (as the backends describe it)")
-async def model(request: AnyRequest, model_id: FromPath[str]) -> Response[bytes]:
-    resp = await _first_answer(_fleet(request), f"/v1/models/{model_id.lstrip('/')}")
+async def model(request: AnyRequest) -> Response[bytes]:
+    # the path as the client sent it, checked: never the decoded id, whose `../` the HTTP client
+    # would resolve into another route of the backend (an /internal one, asked by us)
+    resp = await _first_answer(_fleet(request), forwarded_path(request.scope["raw_path"]))
     if resp is None:
         raise ServiceUnavailableError("no backend is reachable")
     return Response(resp.content, status_code=resp.status_code, media_type=JSON)
@@ -174,9 +179,15 @@ async def ready(request: AnyRequest) -> Response[bytes]:
 
 
 def create_fleet_app(
-    fleet: Fleet, metrics: Metrics, api_key: str | None, max_body_bytes: int, batches: BatchRunner
+    fleet: Fleet,
+    metrics: Metrics,
+    api_key: str | None,
+    max_body_bytes: int,
+    batches: BatchRunner,
+    keys: KeyStore | None = None,
 ) -> ASGIApp:
-    """`batches`: the process's one batch runner, shared with the edge listener's app (edge.py)."""
+    """`batches`: the process's one batch runner, shared with the edge listener's app (edge.py).
+    `keys`: tenants' API keys (`ctxfuse keys`), checked as on the gateway with an engine."""
     task: asyncio.Task[None] | None = None
 
     async def start() -> None:
@@ -210,9 +221,5 @@ def create_fleet_app(
         openapi_config=None,
         logging_config=None,
     )
-    asgi: ASGIApp = app
-    if api_key:
-        from ..auth import RequireApiKey
-
-        asgi = RequireApiKey(asgi, api_key)
+    asgi = Authenticate(app, api_key=api_key, keys=keys, limiter=RateLimiter())
     return Observe(asgi, metrics)

@@ -15,6 +15,7 @@ from cloud.model.loading import load_text_side
 
 from ..batch_runner import BatchRunner
 from ..config import GatewayConfig
+from ..key_store import KeyStore
 from ..logs import configure_logging
 from ..metrics import Metrics
 from ..server import DrainingServer, open_chunk_store, serve_together, uvicorn_config
@@ -44,8 +45,11 @@ def build_fleet_server(
     tokenizer, template = load_text_side(model)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
-    batches = BatchRunner(routed_executor(fleet), config.data / "batches.sqlite")
-    app = create_fleet_app(fleet, metrics, config.api_key, config.max_body_bytes, batches)
+    batches = BatchRunner(
+        routed_executor(fleet), config.data / "batches.sqlite", max_running=config.max_running_batches
+    )
+    keys = KeyStore(config.data / "keys.sqlite")
+    app = create_fleet_app(fleet, metrics, config.api_key, config.max_body_bytes, batches, keys)
     server = FleetServer(uvicorn_config(app, config), metrics, batches)
     return server, fleet
 

@@ -231,7 +231,12 @@ def test_an_unreachable_gateway_gives_the_app_a_503(link: Link, tmp_path: Path) 
 
 
 def test_bad_json_from_an_app_is_a_400(link: Link) -> None:
-    r = httpx.post(f"{link.agent_url}/v1/chat/completions", content=b"{not json", timeout=10)
+    r = httpx.post(
+        f"{link.agent_url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},  # any other type is a 415 (local_guard.py)
+        timeout=10,
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 

@@ -53,6 +53,9 @@ def both(
         tls_dir=pki,
         max_body_bytes=8 * 2**20,
         data_dir=state / "gw",
+        # the device and the plain port are two tenants; the first test compares their prefix-cache
+        # hashes, so they share the cache (the explicit opt-in; by default each has its own)
+        share_prefix_cache=True,
     )
     gateway = Gateway(backend, config, ChunkStore(state / "chunks.sqlite", 64 * 2**20))
     edge = build_edge_server(gateway)

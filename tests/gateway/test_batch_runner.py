@@ -12,12 +12,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from gateway import batch_runner
 from gateway.backend import InProcessBackend
-from gateway.batch_exec import engine_executor
+from gateway.batch_exec import Answer, engine_executor
 from gateway.batch_input import BatchItem, parse_batch_input
 from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore
@@ -68,10 +69,10 @@ def stored_batch(path: Path, n: int) -> StoredBatch:
     """A batch written through the store as a gateway would have left it: in progress, none run."""
     store = BatchStore(path)
     try:
-        f = store.put_file("batch", "in.jsonl", jsonl([chat_line(f"e{i}") for i in range(n)]))
+        f = store.put_file("batch", "in.jsonl", jsonl([chat_line(f"e{i}") for i in range(n)]), owner="t")
         assert isinstance(f, FileObject)
         req = BatchCreateRequest(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-        b = store.create_batch(req)
+        b = store.create_batch(req, owner="t")
         assert isinstance(b, StoredBatch)
         items = parse_batch_input(store.file_content(f.id) or b"", b.endpoint)
         assert store.start(b.id, [i for i in items if isinstance(i, BatchItem)]) is not None
@@ -178,3 +179,140 @@ def test_a_gateway_does_not_start_over_a_data_dir_another_process_holds(
         holder.wait()
     running = run_in_thread(backend, GatewayConfig(port=0, data_dir=tmp_path))
     running.stop()
+
+
+# -- batches side by side, isolated from each other -------------------------------------------------
+
+
+def stored_batches(path: Path, tags: list[list[str]]) -> list[str]:
+    """Batches written through the store (as the routes would), oldest first: one per list, a request
+    per tag, its tag as the message text; the ids."""
+    store = BatchStore(path)
+    try:
+        ids = []
+        for k, batch_tags in enumerate(tags):
+            lines = [chat_line(f"b{k}-r{i}", tag) for i, tag in enumerate(batch_tags)]
+            f = store.put_file("batch", f"in{k}.jsonl", jsonl(lines), owner="t")
+            assert isinstance(f, FileObject)
+            req = BatchCreateRequest(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            b = store.create_batch(req, owner="t")
+            assert isinstance(b, StoredBatch)
+            ids.append(b.id)
+        return ids
+    finally:
+        store.close()
+
+
+def tag_of(body: bytes) -> str:
+    return str(json.loads(body)["messages"][0]["content"])
+
+
+async def run_until_done(runner: BatchRunner, ids: list[str], timeout_s: float = 30) -> list[StoredBatch]:
+    """Start the runner, wait (a hang guard, not a speed bound) until every batch is done, stop it."""
+    await runner.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = [runner.store.get_batch(i) for i in ids]
+            if all(b is not None and b.status in ("completed", "failed") for b in got):
+                return [b for b in got if b is not None]
+            assert time.monotonic() < deadline, [b.status if b else None for b in got]
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.stop()
+
+
+def test_a_poisoned_batch_ends_failed_with_its_reason_and_the_next_batch_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batch_runner, "RETRY_S", 0.01)
+    path = tmp_path / "batches.sqlite"
+    poisoned, healthy = stored_batches(path, [["fine", "poison"], ["fine too"]])
+    calls: list[str] = []
+
+    async def execute(endpoint: str, body: bytes, rid: str, priority: int) -> Answer:
+        calls.append(tag_of(body))
+        if tag_of(body) == "poison":  # an answer the runner cannot store: an error it does not expect
+            return Answer(200, cast(bytes, None))
+        return Answer(200, b'{"ok": true}')
+
+    # one batch at a time: the poisoned one, oldest, takes the only slot first
+    runner = BatchRunner(execute, path, max_running=1)
+    failed, done = asyncio.run(run_until_done(runner, [poisoned, healthy]))
+    assert failed.status == "failed" and failed.errors is not None
+    assert [(e.code, "TypeError" in e.message) for e in failed.errors.data] == [("server_error", True)]
+    assert calls.count("poison") == batch_runner.ATTEMPTS  # retried a bounded number of times
+    assert calls.count("fine") == 1  # its result was stored on the first attempt and kept
+    store = BatchStore(path)
+    try:
+        kept = store.file_content(failed.output_file_id or "") or b""
+        assert [json.loads(x)["custom_id"] for x in kept.splitlines()] == ["b0-r0"]
+    finally:
+        store.close()
+    assert done.status == "completed" and done.request_counts.completed == 1
+
+
+def test_batches_run_side_by_side_never_more_than_the_bound(tmp_path: Path) -> None:
+    path = tmp_path / "batches.sqlite"
+    ids = stored_batches(path, [[f"b{k}", f"b{k}"] for k in range(6)])
+    in_flight: dict[str, int] = {}
+    most: list[int] = [0]
+    all_in = asyncio.Event()
+
+    async def execute(endpoint: str, body: bytes, rid: str, priority: int) -> Answer:
+        tag = tag_of(body)
+        in_flight[tag] = in_flight.get(tag, 0) + 1
+        most[0] = max(most[0], len(in_flight))
+        if len(in_flight) == 3:
+            all_in.set()
+        try:
+            # the first requests wait until three batches have one in flight: only side by side can
+            await asyncio.wait_for(all_in.wait(), 20)  # (a hang guard)
+        finally:
+            in_flight[tag] -= 1
+            if not in_flight[tag]:
+                del in_flight[tag]
+        return Answer(200, b'{"ok": true}')
+
+    runner = BatchRunner(execute, path, concurrency=1, max_running=3)
+    done = asyncio.run(run_until_done(runner, ids))
+    assert [b.status for b in done] == ["completed"] * 6
+    assert [b.request_counts.completed for b in done] == [2] * 6
+    assert most[0] == 3  # reached, never passed
+
+
+def test_a_cancel_wakes_the_batch_it_names_while_others_run(tmp_path: Path) -> None:
+    """Each running batch waits on a wake of its own: a cancel reaches the batch it names even while
+    other batches (and the loop) wait too."""
+    path = tmp_path / "batches.sqlite"
+    first, second = stored_batches(path, [["hold"], ["hold"]])
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def execute(endpoint: str, body: bytes, rid: str, priority: int) -> Answer:
+        started.set()
+        await release.wait()
+        return Answer(200, b'{"ok": true}')
+
+    async def scenario() -> tuple[str | None, str | None]:
+        runner = BatchRunner(execute, path, max_running=2)
+        await runner.start()
+        try:
+            await asyncio.wait_for(started.wait(), 20)
+            while any(
+                (b := runner.store.get_batch(i)) is None or b.status != "in_progress" for i in (first, second)
+            ):
+                await asyncio.sleep(0.01)
+            runner.store.transition(first, "cancelling", only_from=("in_progress",))
+            runner.wake()
+            while (b := runner.store.get_batch(first)) is not None and b.status != "cancelled":
+                await asyncio.sleep(0.01)  # the first ends while its request still hangs
+            now = runner.store.get_batch(second)
+            release.set()
+            return (b.status if b else None), (now.status if now else None)
+        finally:
+            await runner.stop()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == ("cancelled", "in_progress")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,11 @@ def store(tmp_path: Path) -> BatchStore:
 
 
 def new_batch(store: BatchStore, n: int = 3) -> Batch:
-    f = store.put_file("batch", "in.jsonl", b"\n".join(line(f"r{i}") for i in range(n)))
+    f = store.put_file("batch", "in.jsonl", b"\n".join(line(f"r{i}") for i in range(n)), owner="t")
     assert isinstance(f, FileObject)
-    b = store.create_batch(BatchCreateRequest(input_file_id=f.id, endpoint=CHAT, completion_window="24h"))
+    b = store.create_batch(
+        BatchCreateRequest(input_file_id=f.id, endpoint=CHAT, completion_window="24h"), owner="t"
+    )
     assert isinstance(b, Batch)
     return b
 
@@ -97,19 +100,24 @@ def test_idempotency_key_replays_refuses_and_expires(
     store: BatchStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     idem = Idem("/v1/files", "k", b"digest-1")
-    first = store.put_file("batch", "a.jsonl", b"{}", idem)
-    assert store.put_file("batch", "a.jsonl", b"{}", idem) == first
-    assert store.put_file("batch", "b.jsonl", b"[]", Idem("/v1/files", "k", b"digest-2")) is KEY_REUSED
-    assert store.put_file("batch", "b.jsonl", b"[]", Idem("/v1/batches", "k", b"digest-2")) != first
+    first = store.put_file("batch", "a.jsonl", b"{}", idem, owner="t")
+    assert store.put_file("batch", "a.jsonl", b"{}", idem, owner="t") == first
+    assert (
+        store.put_file("batch", "b.jsonl", b"[]", Idem("/v1/files", "k", b"digest-2"), owner="t")
+        is KEY_REUSED
+    )
+    assert (
+        store.put_file("batch", "b.jsonl", b"[]", Idem("/v1/batches", "k", b"digest-2"), owner="t") != first
+    )
     monkeypatch.setattr(file_store, "KEY_TTL_S", -1)  # every key is past its time
-    assert store.put_file("batch", "a.jsonl", b"{}", idem) != first
+    assert store.put_file("batch", "a.jsonl", b"{}", idem, owner="t") != first
 
 
 def test_racing_retries_with_one_key_create_one_object(store: BatchStore) -> None:
     idem = Idem("/v1/files", "race", b"d")
     results: list[object] = []
     threads = [
-        threading.Thread(target=lambda: results.append(store.put_file("batch", "f", b"x", idem)))
+        threading.Thread(target=lambda: results.append(store.put_file("batch", "f", b"x", idem, owner="t")))
         for _ in range(8)
     ]
     for t in threads:
@@ -117,7 +125,7 @@ def test_racing_retries_with_one_key_create_one_object(store: BatchStore) -> Non
     for t in threads:
         t.join()
     assert len({r.id for r in results if isinstance(r, FileObject)}) == 1
-    assert len(store.list_files(100, None, None)) == 1
+    assert len(store.list_files(100, None, None, owner="t")) == 1
 
 
 def test_state_survives_reopening(tmp_path: Path) -> None:
@@ -126,17 +134,51 @@ def test_state_survives_reopening(tmp_path: Path) -> None:
     b = new_batch(store)
     store.start(b.id, [BatchItem(1, "a", b"{}"), BatchItem(2, "b", b"{}")])
     store.put_result(b.id, 1, True, b"{}")
-    store.put_file("batch", "k.jsonl", b"{}", Idem("/v1/files", "key", b"d"))
+    store.put_file("batch", "k.jsonl", b"{}", Idem("/v1/files", "key", b"d"), owner="t")
     store.close()
     again = BatchStore(path)
     assert [i.custom_id for i in again.pending(b.id)] == ["b"]
-    assert again.put_file("batch", "other", b"[]", Idem("/v1/files", "key", b"e")) is KEY_REUSED
+    assert again.put_file("batch", "other", b"[]", Idem("/v1/files", "key", b"e"), owner="t") is KEY_REUSED
     nxt = again.next_active()
     assert nxt is not None and nxt.id == b.id and nxt.request_counts.completed == 1
 
 
 def test_pages_are_newest_first_after_a_cursor(store: BatchStore) -> None:
     ids = [new_batch(store, 1).id for _ in range(3)]
-    assert [b.id for b in store.list_batches(2, None)] == ids[::-1]  # one more than asked: has_more
-    assert [b.id for b in store.list_batches(2, ids[1])] == [ids[0]]
-    assert store.delete_file(store.list_files(1, None, "batch")[0].id)
+    assert [b.id for b in store.list_batches(2, None, owner="t")] == ids[
+        ::-1
+    ]  # one more than asked: has_more
+    assert [b.id for b in store.list_batches(2, ids[1], owner="t")] == [ids[0]]
+    assert store.delete_file(store.list_files(1, None, "batch", owner="t")[0].id, owner="t")
+
+
+def test_every_write_is_on_disk_before_it_is_acknowledged(store: BatchStore) -> None:
+    # synchronous=FULL (2) in WAL: a commit survives power loss, so an acknowledged upload, create or
+    # cancel is never rolled back (NORMAL, 1, may lose the last commits)
+    assert store._db.execute("PRAGMA synchronous").fetchone() == (2,)
+    assert store._db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_result_files_are_written_a_page_at_a_time_not_built_in_memory(store: BatchStore) -> None:
+    n, size = 400, 32 * 1024  # 12.5 MiB of results
+    b = new_batch(store)
+    store.start(b.id, [BatchItem(i, f"r{i}", b"{}") for i in range(1, n + 1)])
+    for i in range(1, n + 1):
+        store.put_result(b.id, i, True, b"%06d" % i + b"x" * (size - 6))
+    tracemalloc.start()
+    try:
+        assert store.finish(b.id, "completed") is not None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # a page or two of results in Python memory (the next page is read while the last is still held:
+    # 4 MiB here), never all of them (12.5 MiB, twice over once joined into one file)
+    assert peak < 8 * 2**20
+    done = store.get_batch(b.id)
+    assert done is not None and done.output_file_id is not None
+    ref = store.content_ref(done.output_file_id)
+    assert ref is not None and ref.size == n * (size + 1)
+    first = store.read_content(ref, 0, 6)
+    last = store.read_content(ref, (n - 1) * (size + 1), 6)
+    assert (first, last) == (b"000001", b"%06d" % n)
+    assert store.read_content(ref, ref.size - 1, 10) == b"\n"

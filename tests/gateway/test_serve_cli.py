@@ -40,6 +40,7 @@ def test_serve_help_documents_every_option() -> None:
         "--kv-cache-memory",
         "--log-content",
         "--api-key",
+        "--max-running-batches",
     ]:
         assert option in help_text, option
 
