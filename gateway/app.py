@@ -19,6 +19,8 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
+from shared.errors import CtxfuseError
+
 from . import batch_routes, openai_routes, ops_routes, worker_routes
 from .backend import Backend
 from .batch_exec import engine_executor
@@ -41,6 +43,12 @@ def create_app(
 ) -> tuple[ASGIApp, Gateway]:
     """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py).
     With `worker` (the engine behind `backend`), the app of `ctxfuse worker`."""
+    if worker is not None and not config.api_key:
+        raise CtxfuseError(
+            "a worker needs a credential: start it with --api-key (or --api-key-file, or "
+            "$CTXFUSE_API_KEY) and give the router the same key (--backend-key); its /internal routes "
+            "are never open"
+        )
     gateway = gateway or Gateway(backend, config)
     if worker is None:
         batches = gateway.batches or BatchRunner(
@@ -65,7 +73,11 @@ def create_app(
         logging_config=None,
     )
     document_bodies(app)
-    # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key
+    # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and
+    # takes the tenant its router names (for the prefix-cache partition)
     keys = KeyStore(config.data / "keys.sqlite") if worker is None else None
-    asgi = Authenticate(app, api_key=config.api_key, keys=keys, limiter=gateway.limiter)
+    trust = worker is not None
+    asgi = Authenticate(
+        app, api_key=config.api_key, keys=keys, limiter=gateway.limiter, trust_tenant_header=trust
+    )
     return Observe(asgi, gateway.metrics), gateway

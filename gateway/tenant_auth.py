@@ -36,10 +36,13 @@ from shared.tls import DEVICE_STATE_KEY
 
 from .encoding import encode
 from .errors import AuthenticationError, PermissionDeniedError, RateLimitError
-from .key_store import KEY_PREFIX, ApiKey, KeyStore
+from .key_store import KEY_PREFIX, ApiKey, KeyStore, check_tenant
 from .rate_limits import Limited, RateLimiter, Ticket
 
 DEFAULT_TENANT = "default"
+# the router's word, to a worker, for whose request this is (the worker's prefix-cache partition);
+# believed only from a caller holding the worker's own key, i.e. its router
+TENANT_HEADER = "x-ctxfuse-tenant"
 LOOKUP_TTL_S = 2.0
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _OPEN_PREFIXES = ("/schema",)
@@ -87,8 +90,10 @@ class Authenticate:
         keys: KeyStore | None,
         limiter: RateLimiter,
         clock: Callable[[], float] = time.monotonic,
+        trust_tenant_header: bool = False,
     ) -> None:
         self.app = app
+        self._trust_tenant_header = trust_tenant_header
         self._api_key = None if api_key is None else hashlib.sha256(api_key.encode()).digest()
         self._keys = keys
         self.limiter = limiter
@@ -101,6 +106,8 @@ class Authenticate:
             await self.app(scope, receive, send)
             return
         principal = self._principal(_bearer(scope))
+        if principal is not None and principal.key is None and self._trust_tenant_header:
+            principal = _forwarded_tenant(scope) or principal
         if principal is None:
             await _refuse(send, AuthenticationError(_WHO), [(b"www-authenticate", b"Bearer")])
             return
@@ -173,6 +180,23 @@ _WHO = (
     "missing or wrong API key: send `Authorization: Bearer <key>` with a key from `ctxfuse keys create` "
     "or the key this server was started with"
 )
+
+
+def _forwarded_tenant(scope: Scope) -> Principal | None:
+    for name, value in scope["headers"]:
+        if name == TENANT_HEADER.encode():
+            tenant = value.decode("latin-1")
+            if tenant.startswith("device:") or _is_tenant(tenant):
+                return Principal(tenant)
+    return None
+
+
+def _is_tenant(name: str) -> bool:
+    try:
+        check_tenant(name)
+    except CtxfuseError:
+        return False
+    return True
 
 
 def _is_open(path: str) -> bool:

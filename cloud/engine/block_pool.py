@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 BlockHash = bytes
 
 
+def salt_key(cache_salt: str | None) -> bytes:
+    """What a request's cache salt mixes into every block hash (SamplingParams.cache_salt): requests
+    with different salts never share a cached block. The fleet router hashes with the same bytes."""
+    return b"" if cache_salt is None else b"salt:" + cache_salt.encode()
+
+
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_key: bytes = b"") -> BlockHash:
     """Chain the parent block's hash, this block's tokens and an extra key into a 16-byte digest."""
     h = hashlib.blake2b(digest_size=16)

@@ -29,7 +29,7 @@ from shared.errors import InvalidRequestError, QueueFullError
 from .admission import Admission
 from .attention_choice import make_attention, use_triton
 from .block_events import BlockEventLog
-from .block_pool import BlockPool
+from .block_pool import BlockPool, salt_key
 from .config import EngineConfig
 from .cuda_graphs import CudaGraphs, eligible
 from .kv_cache import KVCache
@@ -254,7 +254,7 @@ class EngineCore:
         if len(self.scheduler.waiting) + params.n > self.scheduler.config.max_waiting:
             raise QueueFullError(f"the waiting queue is full ({self.scheduler.config.max_waiting} requests)")
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
-        extra_key = b"" if params.cache_salt is None else b"salt:" + params.cache_salt.encode()
+        extra_key = salt_key(params.cache_salt)
         if dropped and image_spans:  # positions moved: every block carries every image's hash instead
             extra_key, image_spans = extra_key + b"".join(s.digest for s in image_spans), ()
         first: Request | None = None

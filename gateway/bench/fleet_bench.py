@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -71,15 +72,19 @@ def say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _start_workers(model: Path, options: FleetBenchOptions) -> tuple[list[WorkerProcess], list[str]]:
+def _start_workers(
+    model: Path, options: FleetBenchOptions, key: str
+) -> tuple[list[WorkerProcess], list[str]]:
+    """The workers, all with `key` (the router's --backend-key)."""
     workers: list[WorkerProcess] = []
     try:
-        workers = [WorkerProcess(model, SERVED_NAME, *options.engine_args()) for _ in range(options.workers)]
+        args = options.engine_args()
+        workers = [WorkerProcess(model, SERVED_NAME, *args, api_key=key) for _ in range(options.workers)]
         urls = [w.wait_ready() for w in workers]
         for url in urls:  # the first request of a process pays one-time costs: not any phase's
             body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
             httpx.post(
-                f"{url}/v1/chat/completions", json=body, timeout=120, trust_env=False
+                f"{url}/v1/chat/completions", json=body, timeout=120, trust_env=False, headers=_auth(key)
             ).raise_for_status()
     except BaseException:
         for w in workers:
@@ -88,10 +93,13 @@ def _start_workers(model: Path, options: FleetBenchOptions) -> tuple[list[Worker
     return workers, urls
 
 
-def _kv_usage(urls: list[str]) -> list[float]:
-    return [
-        float(httpx.get(f"{u}/internal/v1/state", trust_env=False).json()["load"]["kv_usage"]) for u in urls
-    ]
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _kv_usage(urls: list[str], key: str) -> list[float]:
+    states = [httpx.get(f"{u}/internal/v1/state", trust_env=False, headers=_auth(key)).json() for u in urls]
+    return [float(s["load"]["kv_usage"]) for s in states]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,15 +190,17 @@ def run(options: FleetBenchOptions) -> FleetBenchResult:
     tokenizer, _ = load_text_side(model)
     order = [POLICIES[(i + options.seed) % len(POLICIES)] for i in range(len(POLICIES))]
     say(f"{options.workers} workers ({' '.join(options.engine_args())}); phases: {', '.join(order)}")
-    workers, urls = _start_workers(model, options)
+    key = secrets.token_urlsafe(18)
+    workers, urls = _start_workers(model, options, key)
     figures: dict[str, PhaseFigures] = {}
     try:
-        setup = PhaseSetup(urls, model, SERVED_NAME, options.concurrency, options.max_tokens, options.seed)
+        o = options
+        setup = PhaseSetup(urls, model, SERVED_NAME, o.concurrency, o.max_tokens, o.seed, worker_key=key)
         for phase, policy in enumerate(order):
             queries = workload(
                 tokenizer, options.users, options.questions, options.prefix_tokens, options.seed, phase
             )
-            figures[policy] = summarise(run_phase(policy, queries, setup), _kv_usage(urls))
+            figures[policy] = summarise(run_phase(policy, queries, setup), _kv_usage(urls, key))
             say(f"{policy}: {figures[policy]}")
     finally:
         for w in workers:

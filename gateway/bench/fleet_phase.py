@@ -51,6 +51,7 @@ class PhaseSetup:
     concurrency: int
     max_tokens: int
     seed: int
+    worker_key: str  # the workers' --api-key, sent by the router as its --backend-key
 
 
 class _Gateway:
@@ -139,7 +140,9 @@ def run_phase(policy: Policy, queries: list[Query], setup: PhaseSetup) -> PhaseR
     backends = tuple(
         BackendSpec(name=f"w{i}", url=u, kind="ctxfuse") for i, u in enumerate(setup.worker_urls)
     )
-    config = FleetConfig(backends=backends, policy=policy, health_interval_s=HEALTH_INTERVAL_S)
+    config = FleetConfig(
+        backends=backends, policy=policy, health_interval_s=HEALTH_INTERVAL_S, backend_key=setup.worker_key
+    )
     gateway = _Gateway(config, setup.model, setup.seed)
     url = gateway.start()
     try:

@@ -4,6 +4,7 @@ options, known by the base URL it prints once it listens, stopped with SIGTERM o
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,12 +20,18 @@ class WorkerProcess:
         cmd = [sys.executable, "-m", "ctxfuse", "worker", "--port", str(port), "--model", str(model)]
         cmd += ["--served-model-name", served_name, *engine_args]
         env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
-        if api_key:
-            env["CTXFUSE_API_KEY"] = api_key
+        # a worker requires a key (its router's); one of its own unless the caller names it
+        self.api_key = api_key or secrets.token_urlsafe(18)
+        env["CTXFUSE_API_KEY"] = self.api_key
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
         )
         self.url = ""
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header a caller of this worker sends (its router does the same: --backend-key)."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def wait_ready(self) -> str:
         """The worker's base URL (without /v1), once it listens; RuntimeError if it died first."""

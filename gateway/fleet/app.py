@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from litestar.datastructures import State
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
+from cloud.engine.block_pool import salt_key
 from shared.forwarded_path import forwarded_path
 from shared.protocol import Health
 
@@ -35,7 +37,7 @@ from ..key_store import KeyStore
 from ..metrics import Metrics
 from ..observe import Observe
 from ..rate_limits import RateLimiter
-from ..tenant_auth import Authenticate
+from ..tenant_auth import Authenticate, principal_of
 from .fleet import Fleet
 from .health import check, run_checks
 from .keys import RequestKeys
@@ -54,7 +56,10 @@ async def route_body(request: AnyRequest, path: str, raw: bytes) -> Response[byt
     """A chat or completion body (from the client, or expanded from the edge link), routed."""
     fleet = _fleet(request)
     _, keys = await asyncio.to_thread(fleet.request_keys, path, raw)
-    out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER))
+    salt = principal_of(request.state).cache_salt  # the worker partitions its cache by it
+    if salt is not None:
+        keys = replace(keys, extra_key=salt_key(salt))
+    out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER), salt)
     # a client gone before the answer: closing the backend request aborts the work there too
     return await cancel_on_disconnect(request.receive, forward(fleet, out))
 

@@ -43,6 +43,8 @@ class BackendSpec:
     version: str = "default"
     weight: float = 1.0
     max_concurrency: int = 32
+    # the credential sent to this backend (`Authorization: Bearer`); default: the fleet's backend_key
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -67,6 +69,8 @@ class FleetConfig:
     index_blocks: int = 1_000_000  # prefix entries the gateway remembers (LRU), all backends together
     connect_timeout_s: float = 2.0
     stable_version: str | None = None  # default: the version with the most weight
+    # what the router presents to backends that name no key of their own: workers require one
+    backend_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.backends:

@@ -15,6 +15,7 @@ from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 from ..decode import decode_body
 from .backend import FleetBackend
+from .backend_auth import BackendAuth
 from .canary import CanaryController, Rollback
 from .circuit import CircuitBreaker, CircuitState, OnChange
 from .config import FleetConfig
@@ -57,6 +58,7 @@ class Fleet:
         self.client = httpx.AsyncClient(
             timeout=timeout,
             trust_env=False,
+            auth=BackendAuth(config),
             limits=httpx.Limits(max_connections=None, keepalive_expiry=ROUTER_KEEP_ALIVE_S),
         )
         for version in self.canary.versions:

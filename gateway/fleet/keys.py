@@ -29,6 +29,7 @@ TEXT_CHUNK_CHARS = 1024
 class RequestKeys:
     token_ids: list[int]  # the prompt (of the first prompt, for a completion with several)
     text: str  # the prompt's text, for text-chunk keys
+    extra_key: bytes = b""  # the tenant's cache salt, as the worker mixes it in (block_pool.salt_key)
     # each chain is hashed once per request: matching and recording both read it
     _chains: dict[int, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -37,7 +38,8 @@ class RequestKeys:
         if hashes is None:
             hashes, parent = [], None
             for i in range(len(self.token_ids) // block_size):
-                parent = hash_block(parent, self.token_ids[i * block_size : (i + 1) * block_size])
+                block = self.token_ids[i * block_size : (i + 1) * block_size]
+                parent = hash_block(parent, block, self.extra_key)
                 hashes.append(parent)
             self._chains[block_size] = hashes
         return hashes

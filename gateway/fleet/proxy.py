@@ -25,6 +25,7 @@ from shared.errors import CtxfuseError, NotFoundError
 from ..encoding import sse_event
 from ..errors import ServiceUnavailableError
 from ..observe import annotate
+from ..tenant_auth import TENANT_HEADER
 from .backend import FleetBackend
 from .fleet import Fleet
 from .keys import RequestKeys
@@ -45,6 +46,7 @@ class Outgoing:
     body: bytes  # as the client sent it
     keys: RequestKeys
     pinned: str | None  # X-Context-Version
+    tenant: str | None = None  # the caller's tenant, for the worker's prefix-cache partition
 
 
 def _candidates(fleet: Fleet, version: str | None, tried: set[str]) -> list[FleetBackend]:
@@ -121,9 +123,10 @@ async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes]
     start = time.monotonic()
     handed_over = False
     try:
-        req = fleet.client.build_request(
-            "POST", f"{b.url}{out.path}", content=out.body, headers={"content-type": "application/json"}
-        )
+        headers = {"content-type": "application/json"}
+        if out.tenant is not None:
+            headers[TENANT_HEADER] = out.tenant
+        req = fleet.client.build_request("POST", f"{b.url}{out.path}", content=out.body, headers=headers)
         try:
             resp = await fleet.client.send(req, stream=True)
         except httpx.HTTPError as exc:

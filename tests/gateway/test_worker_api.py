@@ -22,11 +22,13 @@ from gateway.backend import InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.server import build_server
 from gateway.worker_routes import MSGPACK, WorkerEngine
+from shared.errors import CtxfuseError
 from shared.fleet_protocol import HASH_SCHEME, BlockEvents, WorkerState
 
 from .conftest import ENGINE, GATEWAY, MODEL, Running, Served, wait_idle
 
 KEY = "worker-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}  # a worker requires its router's key
 
 
 def start_worker(backend: InProcessBackend, config: GatewayConfig) -> Running:
@@ -44,25 +46,25 @@ def start_worker(backend: InProcessBackend, config: GatewayConfig) -> Running:
 
 @pytest.fixture(scope="module")
 def worker(backend: InProcessBackend) -> Iterator[Running]:
-    running = start_worker(backend, GATEWAY)
+    running = start_worker(backend, replace(GATEWAY, api_key=KEY))
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
 def worker_client(worker: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
 def get_state(url: str) -> WorkerState:
-    r = httpx.get(f"{url}/internal/v1/state", timeout=10)
+    r = httpx.get(f"{url}/internal/v1/state", headers=AUTH, timeout=10)
     assert r.status_code == 200, r.text
     return msgspec.json.decode(r.content, type=WorkerState)
 
 
 def get_blocks(url: str, since: int, epoch: str | None) -> BlockEvents:
     params: dict[str, Any] = {"since": since} if epoch is None else {"since": since, "epoch": epoch}
-    r = httpx.get(f"{url}/internal/v1/blocks", params=params, timeout=10)
+    r = httpx.get(f"{url}/internal/v1/blocks", params=params, headers=AUTH, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == MSGPACK
     return msgspec.msgpack.decode(r.content, type=BlockEvents)
@@ -158,7 +160,7 @@ def test_another_epoch_or_none_gets_every_held_block(worker: Running, backend: I
 
 
 def test_a_cursor_that_is_not_a_number_is_a_400(worker: Running) -> None:
-    r = httpx.get(f"{worker.url}/internal/v1/blocks", params={"since": "soon"}, timeout=10)
+    r = httpx.get(f"{worker.url}/internal/v1/blocks", params={"since": "soon"}, headers=AUTH, timeout=10)
     assert r.status_code == 400
 
 
@@ -171,19 +173,19 @@ def test_openai_routes_answer_on_the_worker_and_the_batch_api_is_absent(
     )
     assert reply.choices[0].message.content
     assert httpx.get(f"{worker.url}/ready", timeout=10).status_code == 200
-    assert httpx.get(f"{worker.url}/v1/batches", timeout=10).status_code == 404
+    assert httpx.get(f"{worker.url}/v1/batches", headers=AUTH, timeout=10).status_code == 404
 
 
-def test_internal_routes_need_the_api_key_when_one_is_set(backend: InProcessBackend) -> None:
-    running = start_worker(backend, replace(GATEWAY, api_key=KEY))
-    try:
-        assert httpx.get(f"{running.url}/internal/v1/state", timeout=10).status_code == 401
-        headers = {"Authorization": f"Bearer {KEY}"}
-        assert httpx.get(f"{running.url}/internal/v1/state", headers=headers, timeout=10).status_code == 200
-        blocks = httpx.get(f"{running.url}/internal/v1/blocks", headers=headers, timeout=10)
-        assert blocks.status_code == 200
-    finally:
-        running.stop()
+def test_internal_routes_are_never_open(backend: InProcessBackend, worker: Running) -> None:
+    """Before: workers ran without a key and /internal (prefix-cache hashes) was open to anyone."""
+    with pytest.raises(CtxfuseError, match="a worker needs a credential"):
+        start_worker(backend, GATEWAY)  # no key: refused at start
+    for path in ("/internal/v1/state", "/internal/v1/blocks", "/v1/models"):
+        assert httpx.get(f"{worker.url}{path}", timeout=10).status_code == 401
+        wrong = {"Authorization": "Bearer not-the-key"}
+        assert httpx.get(f"{worker.url}{path}", headers=wrong, timeout=10).status_code == 401
+    assert httpx.get(f"{worker.url}/internal/v1/state", headers=AUTH, timeout=10).status_code == 200
+    assert httpx.get(f"{worker.url}/internal/v1/blocks", headers=AUTH, timeout=10).status_code == 200
 
 
 def test_internal_routes_are_absent_on_a_plain_gateway(served: Served) -> None:

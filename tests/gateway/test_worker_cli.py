@@ -58,13 +58,14 @@ def test_worker_process_prints_its_base_url_reports_state_and_exits_on_sigterm(g
     try:
         root = worker.wait_ready()  # the base_url line, printed once it listens
         state = msgspec.json.decode(
-            httpx.get(f"{root}/internal/v1/state", timeout=10).content, type=WorkerState
+            httpx.get(f"{root}/internal/v1/state", headers=worker.auth, timeout=10).content, type=WorkerState
         )
         assert (state.model, state.hash_scheme, state.block_size) == (MODEL, HASH_SCHEME, 16)
         assert (state.load.max_num_seqs, state.load.running, state.next_event) == (4, 0, 0)
         reply = httpx.post(
             f"{root}/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            headers=worker.auth,
             timeout=60,
         )
         assert reply.status_code == 200, reply.text

@@ -35,6 +35,9 @@ DOCUMENT = (
     "tells the landlord of any damage within seven days; the landlord repairs the roof and the boiler. "
 )
 
+WORKER_KEY = "fleet-test-worker-key"  # the workers' --api-key, the router's backend_key
+AUTH = {"Authorization": f"Bearer {WORKER_KEY}"}
+
 
 @dataclass
 class Fleetside:
@@ -57,10 +60,12 @@ class Fleetside:
 
 @pytest.fixture(scope="module")
 def fleetside(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleetside]:
-    workers = {f"w{i}": WorkerProcess(gguf_path, MODEL, *ENGINE_ARGS) for i in range(2)}
+    workers = {f"w{i}": WorkerProcess(gguf_path, MODEL, *ENGINE_ARGS, api_key=WORKER_KEY) for i in range(2)}
     try:
         specs = tuple(BackendSpec(name=n, url=w.wait_ready(), kind="ctxfuse") for n, w in workers.items())
-        config = FleetConfig(backends=specs, health_interval_s=0.2, cooldown_s=1.0, failures_to_open=2)
+        config = FleetConfig(
+            backends=specs, health_interval_s=0.2, cooldown_s=1.0, failures_to_open=2, backend_key=WORKER_KEY
+        )
         gateway = GatewayConfig(port=0, data_dir=tmp_path_factory.mktemp("fleet-data"))
         server, fleet = build_fleet_server(config, gateway, gguf_path, random.Random(0))
         thread = threading.Thread(target=server.run, daemon=True)
@@ -122,7 +127,7 @@ def test_tokenize_detokenize_and_a_model_are_answered_by_a_worker(fleetside: Fle
     worker = next(iter(fleetside.workers.values())).url
     messages = [{"role": "user", "content": "How many tokens is this?"}]
     routed = httpx.post(f"{fleetside.url}/tokenize", json={"model": MODEL, "messages": messages})
-    direct = httpx.post(f"{worker}/tokenize", json={"model": MODEL, "messages": messages})
+    direct = httpx.post(f"{worker}/tokenize", json={"model": MODEL, "messages": messages}, headers=AUTH)
     assert routed.status_code == 200 and routed.json() == direct.json()
     assert routed.headers[BACKEND_HEADER] in fleetside.workers
     tokens = routed.json()["tokens"]
@@ -188,7 +193,7 @@ def test_a_restarted_worker_is_followed_from_its_new_epoch(fleetside: Fleetside,
     name = fleetside.killed
     backend = next(b for b in fleetside.fleet.backends if b.name == name)
     old_epoch, port = backend.epoch, int(backend.url.rsplit(":", 1)[1])
-    fleetside.workers[name] = WorkerProcess(gguf_path, MODEL, *ENGINE_ARGS, port=port)
+    fleetside.workers[name] = WorkerProcess(gguf_path, MODEL, *ENGINE_ARGS, api_key=WORKER_KEY, port=port)
     fleetside.workers[name].wait_ready()
     deadline = time.monotonic() + 20
     while backend.epoch == old_epoch or not backend.reachable:

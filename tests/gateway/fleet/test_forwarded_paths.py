@@ -37,6 +37,8 @@ TRAVERSALS = [
     "/v1/models/x%00/../../../internal/v1/blocks",
 ]
 
+WORKER_KEY = "traversal-worker-key"  # the worker requires it; the router sends it
+
 
 @dataclass
 class Seen:
@@ -72,7 +74,7 @@ class Stack:
 
 
 def _start_worker(backend: InProcessBackend, data_dir: Path, seen: Seen) -> GatewayServer:
-    config = GatewayConfig(port=0, max_body_bytes=2**20, data_dir=data_dir)
+    config = GatewayConfig(port=0, max_body_bytes=2**20, data_dir=data_dir, api_key=WORKER_KEY)
     server = build_server(backend, config, announce=False, worker=WorkerEngine.of(backend.engine.core))
     server.config.app = Recorder(server.config.app, seen)  # before run(), which loads it
     thread = threading.Thread(target=server.run, name="traversal-worker", daemon=True)
@@ -90,7 +92,8 @@ def stack(backend: InProcessBackend, tmp_path_factory: pytest.TempPathFactory) -
     seen = Seen()
     worker = _start_worker(backend, tmp_path_factory.mktemp("worker"), seen)
     url = f"http://127.0.0.1:{worker.bound_port}"
-    config = FleetConfig(backends=(BackendSpec(name="w", url=url, kind="ctxfuse"),), health_interval_s=0.2)
+    spec = BackendSpec(name="w", url=url, kind="ctxfuse")
+    config = FleetConfig(backends=(spec,), health_interval_s=0.2, backend_key=WORKER_KEY)
     router = run_fleet(config, data_dir=tmp_path_factory.mktemp("router"))
     yield Stack(router, seen)
     router.stop()  # type: ignore[operator]
