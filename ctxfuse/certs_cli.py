@@ -37,6 +37,12 @@ def add_certs_parser(p: argparse.ArgumentParser) -> None:
     issue = cmd.add_parser("issue", help="a device's client certificate and key (devices/NAME.pem, NAME.key)")
     _dir(issue)
     issue.add_argument("name", help="the device name (its certificate's CN; letters, digits, . _ -)")
+    issue.add_argument(
+        "--tenant",
+        metavar="TENANT",
+        help="the tenant the device belongs to: it shares that tenant's files, batches, chunks and prefix "
+        "cache with the tenant's API keys (default: none, the device is a tenant of its own)",
+    )
     _days(issue, certs.DEVICE_DAYS)
     issue.set_defaults(func=_cmd_issue)
 
@@ -47,7 +53,7 @@ def add_certs_parser(p: argparse.ArgumentParser) -> None:
     revoke.add_argument("name", help="the device name")
     revoke.set_defaults(func=_cmd_revoke)
 
-    ls = cmd.add_parser("list", help="issued devices: serial, expiry, revoked or not")
+    ls = cmd.add_parser("list", help="issued devices: serial, tenant, expiry, revoked or not")
     _dir(ls)
     ls.set_defaults(func=_cmd_list)
 
@@ -79,8 +85,10 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 
 def _cmd_issue(args: argparse.Namespace) -> int:
-    issued = certs.issue_device(args.dir, args.name, days=args.days)
+    issued = certs.issue_device(args.dir, args.name, tenant=args.tenant, days=args.days)
     print(f"device certificate: {issued.cert} (serial {issued.serial:x})")
+    if args.tenant is not None:
+        print(f"tenant:             {args.tenant}")
     print(f"valid until:        {issued.not_after:%Y-%m-%d}")
     print(f"device key:         {issued.key} (0600)")
     print(f"give the device these two files and {certs.TLSDir(args.dir).ca_cert}")
@@ -99,5 +107,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print("no devices")
     for r in records:
         status = f"revoked {r.revoked_at:%Y-%m-%d %H:%M:%S}" if r.revoked_at else "valid"
-        print(f"{r.name}\tserial {r.serial}\texpires {r.not_after:%Y-%m-%d}\t{status}")
+        tenant = r.tenant if r.tenant is not None else "-"
+        print(f"{r.name}\tserial {r.serial}\ttenant {tenant}\texpires {r.not_after:%Y-%m-%d}\t{status}")
     return 0

@@ -87,6 +87,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         device_max_in_flight=args.device_max_in_flight,
         data_dir=args.data_dir,
         max_running_batches=args.max_running_batches,
+        file_ttl_days=args.file_ttl_days,
         vision=vision_options(args),
         engine_process=not args.engine_in_process,
     )

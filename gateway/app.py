@@ -52,7 +52,10 @@ def create_app(
     gateway = gateway or Gateway(backend, config)
     if worker is None:
         batches = gateway.batches or BatchRunner(
-            engine_executor(gateway), config.data / "batches.sqlite", max_running=config.max_running_batches
+            engine_executor(gateway),
+            config.data / "batches.sqlite",
+            max_running=config.max_running_batches,
+            file_ttl_s=config.file_ttl_s,
         )
         gateway.batches = batches  # one per process, shared with the edge listener's app
         routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES]

@@ -22,6 +22,7 @@ from .encoding import encode
 from .errors import ServiceUnavailableError
 from .results import Reply
 from .state import Gateway
+from .tenant_auth import DEFAULT_TENANT, Principal
 
 BATCH_PRIORITY = 10  # engine priority of batch requests: interactive ones (0) are scheduled first
 
@@ -32,9 +33,10 @@ class Answer:
     body: bytes  # JSON
 
 
-# (endpoint, body, request id, priority) -> the answer; raises QueueFullError or
-# ServiceUnavailableError when the request cannot be taken now (the runner retries it later)
-Executor = Callable[[str, bytes, str, int], Awaitable[Answer]]
+# (endpoint, body, request id, priority, the batch owner's tenant) -> the answer; raises QueueFullError
+# or ServiceUnavailableError when the request cannot be taken now (the runner retries it later). A
+# request runs as its batch's owner: in that tenant's prefix-cache partition.
+Executor = Callable[[str, bytes, str, int, str], Awaitable[Answer]]
 
 
 def refuse_stream(stream: bool | None) -> None:
@@ -42,24 +44,30 @@ def refuse_stream(stream: bool | None) -> None:
         raise InvalidRequestError("stream is not supported in a batch request", param="stream")
 
 
-async def _chat(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes:
+def _salt(gw: Gateway, owner: str) -> str | None:
+    return None if gw.config.share_prefix_cache else Principal(owner).cache_salt
+
+
+async def _chat(gw: Gateway, raw: bytes, rid: str, priority: int, owner: str) -> bytes:
     backend = gw.backend_for_work()
     req = decode_body(raw, ChatCompletionRequest)
     gw.check_model(req.model)
     refuse_stream(req.stream)
     plan = await chat.prepare(req, backend, gw.images)
+    plan.params.cache_salt = _salt(gw, owner)
     meter = gw.metrics.meter(time.monotonic())
     gen = await chat.submit(backend, plan, rid, priority)
     reply = Reply.new("chatcmpl", rid, backend, gw.texts, gw.config.log_content)
     return encode(await chat.whole_response(gen, plan, reply, meter, backend))  # it closes `gen`
 
 
-async def _completion(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes:
+async def _completion(gw: Gateway, raw: bytes, rid: str, priority: int, owner: str) -> bytes:
     backend = gw.backend_for_work()
     req = decode_body(raw, CompletionRequest)
     gw.check_model(req.model)
     refuse_stream(req.stream)
     plan = await completions.prepare(req, backend)
+    plan.params.cache_salt = _salt(gw, owner)
     meter = gw.metrics.meter(time.monotonic())
     gens = await completions.submit_all(backend, plan, rid, priority)
     reply = Reply.new("cmpl", rid, backend, gw.texts, gw.config.log_content)
@@ -69,10 +77,17 @@ async def _completion(gw: Gateway, raw: bytes, rid: str, priority: int) -> bytes
 _ENDPOINTS = {"/v1/chat/completions": _chat, "/v1/completions": _completion}
 
 
-async def execute(gw: Gateway, endpoint: str, raw: bytes, rid: str, priority: int = BATCH_PRIORITY) -> Answer:
+async def execute(
+    gw: Gateway,
+    endpoint: str,
+    raw: bytes,
+    rid: str,
+    priority: int = BATCH_PRIORITY,
+    owner: str = DEFAULT_TENANT,
+) -> Answer:
     """The route's answer to `raw`; raises QueueFullError and ServiceUnavailableError (try later)."""
     try:
-        return Answer(200, await _ENDPOINTS[endpoint](gw, raw, rid, priority))
+        return Answer(200, await _ENDPOINTS[endpoint](gw, raw, rid, priority, owner))
     except (QueueFullError, ServiceUnavailableError):
         raise
     except CtxfuseError as exc:

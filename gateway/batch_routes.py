@@ -5,6 +5,10 @@ POST /v1/files and POST /v1/batches honour an `Idempotency-Key` header: the same
 request answers the object the first call created (nothing is created or run twice, across restarts
 too); the same key with a different request is a 422 (`idempotency_key_reused`).
 
+Files expire as OpenAI's do: `expires_after[anchor]=created_at` and `expires_after[seconds]=N` on an
+upload, `output_expires_after` on a batch for its output and error files (N from an hour to 30 days).
+An expired file is gone at once (404, out of lists); the runner's sweep frees its space later.
+
 Every store call runs on a worker thread (`_off_loop`): SQLite waits on the disk, and a slow disk must
 stall these routes only, never /health or a chat stream. File content goes out in pieces.
 """
@@ -13,18 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import msgspec
 from litestar import Request, Response, delete, get, post
-from litestar.datastructures import UploadFile
+from litestar.datastructures import FormMultiDict, UploadFile
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
 from shared.batch_protocol import (
     BATCH_ENDPOINTS,
+    EXPIRES_MAX_S,
+    EXPIRES_MIN_S,
     BatchCreateRequest,
+    ExpiresAfter,
     FileDeleted,
     FileObject,
     batch_list,
@@ -44,6 +52,7 @@ MAX_FILE_BYTES = 100 * 2**20  # per uploaded file (OpenAI allows 200 MB for batc
 _FORM_OVERHEAD = 2**20  # multipart boundaries and headers around the file
 MAX_KEY_CHARS = 255
 _PIECE_BYTES = 2**20  # file content is read and sent this much at a time
+_INTEGER = re.compile(r"-?[0-9]{1,12}")
 AnyRequest = Request[Any, Any, Any]
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -91,7 +100,31 @@ def _created(obj: T | KeyReused) -> T:
 # -- files ------------------------------------------------------------------------------------
 
 
-async def _upload(request: AnyRequest) -> tuple[str, UploadFile]:
+def _check_seconds(seconds: int, param: str) -> int:
+    if not EXPIRES_MIN_S <= seconds <= EXPIRES_MAX_S:
+        raise InvalidRequestError(
+            f"{param} must be between {EXPIRES_MIN_S} (1 hour) and {EXPIRES_MAX_S} (30 days), got {seconds}",
+            param=param,
+        )
+    return seconds
+
+
+def _expires_after(form: FormMultiDict) -> int | None:
+    """The upload's lifetime in seconds from `expires_after[anchor]` and `expires_after[seconds]` (as
+    openai-python sends them), or None when neither is given."""
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise InvalidRequestError("expires_after[anchor] must be 'created_at'", param="expires_after[anchor]")
+    if not isinstance(seconds, str) or _INTEGER.fullmatch(seconds) is None:
+        raise InvalidRequestError(
+            "expires_after[seconds] must be a whole number of seconds", param="expires_after[seconds]"
+        )
+    return _check_seconds(int(seconds), "expires_after[seconds]")
+
+
+async def _upload(request: AnyRequest) -> tuple[str, UploadFile, int | None]:
     if request.content_type[0] != "multipart/form-data":
         raise InvalidRequestError("send the file as multipart/form-data with `file` and `purpose` fields")
     form = await request.form()
@@ -102,7 +135,7 @@ async def _upload(request: AnyRequest) -> tuple[str, UploadFile]:
         raise InvalidRequestError(f"purpose {purpose!r} is not supported here; use 'batch'", param="purpose")
     if not isinstance(upload, UploadFile):
         raise InvalidRequestError("the form needs a `file` field holding the file", param="file")
-    return purpose, upload
+    return purpose, upload, _expires_after(form)
 
 
 @post(
@@ -112,7 +145,7 @@ async def _upload(request: AnyRequest) -> tuple[str, UploadFile]:
     request_max_body_size=MAX_FILE_BYTES + _FORM_OVERHEAD,
 )
 async def create_file(request: AnyRequest) -> Response[bytes]:
-    purpose, upload = await _upload(request)
+    purpose, upload, ttl_s = await _upload(request)
     try:
         content = await upload.read()
     finally:
@@ -120,10 +153,12 @@ async def create_file(request: AnyRequest) -> Response[bytes]:
     if len(content) > MAX_FILE_BYTES:
         raise RequestTooLargeError(f"the file is over {MAX_FILE_BYTES} bytes", param="file", code="too_large")
     name = upload.filename or "upload.jsonl"
-    idem = _idem(request, "/v1/files", purpose.encode(), name.encode(), content)
+    # the lifetime is part of the request only when given, so keys from before it still match
+    lifetime = () if ttl_s is None else (str(ttl_s).encode(),)
+    idem = _idem(request, "/v1/files", purpose.encode(), name.encode(), content, *lifetime)
     store = _runner(request).store
     return _json(
-        _created(await _off_loop(store.put_file, purpose, name, content, idem, owner=_owner(request)))
+        _created(await _off_loop(store.put_file, purpose, name, content, idem, ttl_s, owner=_owner(request)))
     )
 
 
@@ -190,6 +225,8 @@ async def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
         raise InvalidRequestError(
             "metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters", param="metadata"
         )
+    if isinstance(req.output_expires_after, ExpiresAfter):
+        _check_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
     f = await _off_loop(_runner(request).store.get_file, req.input_file_id, _owner(request))
     if f is None:
         raise NotFoundError(f"no file with id {req.input_file_id!r}", param="input_file_id")

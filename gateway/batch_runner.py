@@ -10,7 +10,8 @@ Every step is read from and written to the store, so a new process resumes where
 stopped: a request is run until its result is stored, and a stored result is never run again. Every
 store call runs off the event loop. A batch is isolated from the others: an unexpected error on it is
 retried (RETRY_S apart) and after ATTEMPTS in a row in one process the batch is failed with the
-reason, its results so far in its files, while the other batches go on. The
+reason, its results so far in its files, while the other batches go on. Every SWEEP_S (and at start)
+the runner deletes expired files, which the store hides from the second they expire. The
 database is opened on first use (a route, or at start when it already exists), so a gateway that
 never serves a batch writes nothing.
 
@@ -56,6 +57,7 @@ log = structlog.get_logger("ctxfuse.gateway")
 RETRY_S = 1.0  # wait before retrying work that could not be taken (queue full, no engine or backend)
 MAX_RUNNING = 4  # batches run side by side (GatewayConfig.max_running_batches)
 ATTEMPTS = 3  # unexpected errors in a row on one batch before it is failed
+SWEEP_S = 60.0  # between deletions of expired files (they are hidden from their expiry on anyway)
 
 
 def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
@@ -84,6 +86,7 @@ class BatchRunner:
         priority: int = BATCH_PRIORITY,
         clock: Callable[[], float] = time.time,
         max_running: int = MAX_RUNNING,
+        file_ttl_s: int | None = None,
     ):
         if max_running < 1 or concurrency < 1:
             raise ValueError(f"max_running and concurrency must be >= 1, got {max_running} and {concurrency}")
@@ -92,7 +95,8 @@ class BatchRunner:
         self.concurrency = concurrency  # requests of one batch in flight
         self.max_running = max_running  # batches in progress at once
         self.priority = priority
-        self.clock = clock  # seconds since the epoch; decides when a batch is past expires_at
+        self.clock = clock  # seconds since the epoch; decides when a batch, or a file, has expired
+        self.file_ttl_s = file_ttl_s  # lifetime of a file made without one (None: until deleted)
         self._store: BatchStore | None = None
         self._dir_lock: DirLock | None = None
         self._task: asyncio.Task[None] | None = None
@@ -110,7 +114,8 @@ class BatchRunner:
             if isinstance(lock, HeldBy):
                 raise DirInUse(lock, "gateway data dir (--data-dir)")
             self._dir_lock = lock
-            self._store = BatchStore(self.path)
+            # the store asks the runner's clock each time, so one clock decides every expiry
+            self._store = BatchStore(self.path, lambda: self.clock(), self.file_ttl_s)
         if self._started and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch-runner")
         return self._store
@@ -141,12 +146,18 @@ class BatchRunner:
 
     async def _loop(self) -> None:
         running: dict[str, asyncio.Task[None]] = {}
+        next_sweep = 0.0  # (monotonic) at once: files may have expired while no process ran
         try:
             while True:
                 self._wake.clear()  # before the look: a batch stored after it still wakes the wait
+                if time.monotonic() >= next_sweep:
+                    await self.sweep()
+                    next_sweep = time.monotonic() + SWEEP_S
                 await self._take(running)
                 waker = asyncio.create_task(self._wake.wait())
-                await asyncio.wait({*running.values(), waker}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {*running.values(), waker}, timeout=SWEEP_S, return_when=asyncio.FIRST_COMPLETED
+                )
                 waker.cancel()
                 for batch_id in [i for i, t in running.items() if t.done()]:
                     running.pop(batch_id).result()  # _drive raises nothing but a cancel
@@ -154,6 +165,18 @@ class BatchRunner:
             for t in running.values():
                 t.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+    async def sweep(self) -> int:
+        """Delete the expired files (the disk is freed); how many went. A failure is logged and left
+        to the next sweep: expired files stay hidden meanwhile."""
+        try:
+            gone = await asyncio.to_thread(self.store.sweep)
+        except Exception:
+            log.exception("batch_runner_sweep_error")
+            return 0
+        if gone:
+            log.info("expired_files_deleted", count=gone)
+        return gone
 
     async def _take(self, running: dict[str, asyncio.Task[None]]) -> None:
         """Start driving the oldest active batches, up to max_running in all."""
@@ -218,7 +241,8 @@ class BatchRunner:
     def _validate_sync(store: BatchStore, batch: Batch) -> None:
         content = store.file_content(batch.input_file_id)
         if content is None:
-            error = BatchError(code="invalid_file", message=f"the input file {batch.input_file_id} is gone")
+            message = f"the input file {batch.input_file_id} expired or was deleted before the batch ran"
+            error = BatchError(code="invalid_file", message=message, param="input_file_id")
             store.fail_validation(batch.id, BatchErrors(data=[error]))
             return
         parsed = parse_batch_input(content, batch.endpoint)
@@ -248,6 +272,7 @@ class BatchRunner:
 
     async def _run(self, batch: Batch) -> None:
         pending = deque(await asyncio.to_thread(self.store.pending, batch.id))
+        owner = await asyncio.to_thread(self.store.owner_of, batch.id)  # its requests run as its owner
         running: set[asyncio.Task[Any]] = set()
         failed: BaseException | None = None  # stop taking work, raise once what runs has ended
         wake = asyncio.Event()
@@ -258,7 +283,7 @@ class BatchRunner:
                 if await self._halted(batch):
                     break
                 while failed is None and pending and len(running) < self.concurrency:
-                    running.add(asyncio.create_task(self._one(batch, pending.popleft())))
+                    running.add(asyncio.create_task(self._one(batch, pending.popleft(), owner)))
                 waker = asyncio.create_task(wake.wait())
                 done, running = await asyncio.wait({*running, waker}, return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
@@ -277,11 +302,11 @@ class BatchRunner:
             await asyncio.gather(*running, return_exceptions=True)
         await asyncio.to_thread(self.store.transition, batch.id, "finalizing", only_from=("in_progress",))
 
-    async def _one(self, batch: Batch, item: BatchItem) -> None:
+    async def _one(self, batch: Batch, item: BatchItem, owner: str) -> None:
         rid = uuid.uuid4().hex
         while True:
             try:
-                answer = await self.execute(batch.endpoint, item.body, rid, self.priority)
+                answer = await self.execute(batch.endpoint, item.body, rid, self.priority, owner)
                 break
             except QueueFullError as exc:
                 await asyncio.sleep(max(RETRY_S, exc.retry_after_s))

@@ -10,6 +10,8 @@ Invariants:
   the final files with the final status) are single transactions.
 - Results go to the database one by one as they arrive; the output and error files are then written
   from them a page at a time, so no step holds a batch's results in memory.
+- The output and error files expire `output_expires_after` after their own creation (kept as the
+  batch's `output_ttl_s`; none given: the store's default file lifetime).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import uuid
 
 import msgspec
 
-from shared.batch_protocol import Batch, BatchCreateRequest, BatchErrors, BatchStatus, FileObject
+from shared.batch_protocol import (
+    Batch,
+    BatchCreateRequest,
+    BatchErrors,
+    BatchStatus,
+    ExpiresAfter,
+    FileObject,
+)
 
 from .batch_input import BatchItem
 from .encoding import encode
@@ -54,9 +63,11 @@ class BatchStore(FileStore):
                 expires_at=now + WINDOW_S[req.completion_window],
                 metadata=req.metadata,
             )
+            expiry = req.output_expires_after
+            ttl_s = expiry.seconds if isinstance(expiry, ExpiresAfter) else None
             db.execute(
-                "INSERT INTO batches (id, status, object, owner) VALUES (?, ?, ?, ?)",
-                (b.id, b.status, encode(b), owner),
+                "INSERT INTO batches (id, status, object, owner, output_ttl_s) VALUES (?, ?, ?, ?, ?)",
+                (b.id, b.status, encode(b), owner, ttl_s),
             )
             self._remember(db, idem, b.id)
             return b
@@ -79,6 +90,13 @@ class BatchStore(FileStore):
     def get_batch(self, batch_id: str, owner: str | None = None) -> Batch | None:
         with self._lock:
             return self._batch(self._db, batch_id, owner)
+
+    def owner_of(self, batch_id: str) -> str:
+        """The tenant that created the batch."""
+        row = self._one("SELECT owner FROM batches WHERE id = ?", batch_id)
+        if row is None:
+            raise KeyError(batch_id)
+        return str(row[0])
 
     def list_batches(self, limit: int, after: str | None, *, owner: str) -> list[Batch]:
         rows = self._page("batches", limit, after, None, owner)
@@ -186,9 +204,11 @@ class BatchStore(FileStore):
         ).fetchone()
         if count == 0:
             return None
-        owner = str(db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()[0])
+        owner, ttl_s = db.execute(
+            "SELECT owner, output_ttl_s FROM batches WHERE id = ?", (batch_id,)
+        ).fetchone()
         # + a newline each; the batch's owner owns its results
-        f, ref = self._insert_sized_file(db, "batch_output", filename, size + count, owner)
+        f, ref = self._insert_sized_file(db, "batch_output", filename, size + count, ttl_s, str(owner))
         cursor = db.execute(f"SELECT result {where} ORDER BY line", (batch_id, ok))
         pages = iter(lambda: cursor.fetchmany(_PAGE), [])
         self._write_content(db, ref, (piece for page in pages for r in page for piece in (r[0], b"\n")))

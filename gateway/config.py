@@ -35,6 +35,8 @@ class GatewayConfig:
     # cached_tokens and TTFT never tell one tenant what another sent)
     share_prefix_cache: bool = False
     max_running_batches: int = 4  # batches run side by side; one that keeps failing holds one slot, not all
+    # lifetime of a Batch API file made without `expires_after` (0: until deleted, as OpenAI keeps them)
+    file_ttl_days: int = 0
     vision: VisionOptions = field(
         default_factory=VisionOptions
     )  # image caps and the hosts image URLs may be fetched from
@@ -51,6 +53,10 @@ class GatewayConfig:
     @property
     def data(self) -> Path:
         return self.data_dir or cache_dir() / "gateway"
+
+    @property
+    def file_ttl_s(self) -> int | None:
+        return self.file_ttl_days * 86400 or None
 
     @property
     def base_url(self) -> str:

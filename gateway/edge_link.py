@@ -4,6 +4,9 @@ but the store lacks, and put the app's long strings back, byte for byte.
 Order matters for "never lost work": a request's new chunks are stored before anything else is
 checked, so a retry after a 409 (or a failure further on) needs only what was still missing.
 
+Both steps run as the caller's tenant (gateway/tenant_auth.py principal_of): a request may name only
+chunks its tenant's devices sent; any other is missing (409), so the device must send its bytes.
+
 Both steps are bounded as they go by the body limit of a plain request (gateway/edge_budget.py):
 the carried chunks as they are decompressed, the expanded request by the stored sizes of the chunks
 it names, each counted as often as it is named and as often as the body puts its text, before any
@@ -45,8 +48,9 @@ class MissingChunksError(CtxfuseError):
         return body
 
 
-def store_new_chunks(store: ChunkStore, req: EdgeRequest, limit: int) -> int:
-    """Check and store the chunks the request carries; returns their decompressed bytes."""
+def store_new_chunks(store: ChunkStore, req: EdgeRequest, limit: int, *, tenant: str) -> int:
+    """Check and store the chunks the request carries, as `tenant`'s; returns their decompressed
+    bytes."""
     named = {d for text in req.texts for d in text}
     budget = ExpansionBudget(limit)
     plain: dict[bytes, bytes] = {}
@@ -63,7 +67,7 @@ def store_new_chunks(store: ChunkStore, req: EdgeRequest, limit: int) -> int:
         plain[key] = data
     # the store checks each digest (refusing all, storing none, on a mismatch); the chunks the
     # request refers to are touched in the same call, so storing these cannot evict those
-    store.put_many(plain, touch=_wanted(req))
+    store.put_many(plain, tenant=tenant, touch=_wanted(req))
     return budget.used
 
 
@@ -71,13 +75,13 @@ def _wanted(req: EdgeRequest) -> list[bytes]:
     return list(dict.fromkeys(d for text in req.texts for d in text))
 
 
-def expand(store: ChunkStore, req: EdgeRequest, limit: int) -> Any:
-    """The app's request body with every chunked string put back; MissingChunksError if the store
-    lacks some chunk (after storing the ones the request carried); ExpandedTooLargeError (413) as
-    soon as the texts, counted as often as the body puts each, pass `limit` bytes."""
+def expand(store: ChunkStore, req: EdgeRequest, limit: int, *, tenant: str) -> Any:
+    """The app's request body with every chunked string put back; MissingChunksError if `tenant`
+    holds not every chunk it names (after storing the ones the request carried); ExpandedTooLargeError
+    (413) as soon as the texts, counted as often as the body puts each, pass `limit` bytes."""
     uses = _text_uses(req)
     wanted = _wanted(req)
-    sizes = store.sizes(wanted)
+    sizes = store.sizes(wanted, tenant=tenant)
     budget = ExpansionBudget(limit)
     missing: dict[bytes, None] = {}  # in request order, each once
     for text, n in zip(req.texts, uses, strict=True):
@@ -89,7 +93,9 @@ def expand(store: ChunkStore, req: EdgeRequest, limit: int) -> Any:
                 budget.add(size * n)
     if missing:
         raise MissingChunksError(list(missing))
-    chunks = store.get_many(wanted)  # at most `limit` bytes: each distinct chunk was counted at least once
+    chunks = store.get_many(
+        wanted, tenant=tenant
+    )  # at most `limit` bytes: each distinct chunk was counted at least once
     lost = [d for d in wanted if d not in chunks]  # evicted since `sizes`, by another request's put
     if lost:
         raise MissingChunksError(lost)

@@ -20,6 +20,7 @@ from .errors import ServiceUnavailableError
 from .metrics import Metrics
 from .observe import annotate
 from .openai_routes import gateway_of, serve_chat, serve_completion
+from .tenant_auth import principal_of
 
 AnyRequest = Request[Any, Any, Any]
 
@@ -46,8 +47,8 @@ async def edge_request(request: AnyRequest) -> Response[Any]:
 async def receive_edge_request(request: AnyRequest, store: ChunkStore, metrics: Metrics) -> tuple[str, bytes]:
     """(the endpoint, the OpenAI JSON body with the device's strings put back). The request's new
     chunks are stored before anything but its size can refuse it, so a retry after a 409 sends only
-    the rest. Expanded, it is held to the body limit of this listener, the same as the OpenAI
-    port's (both are GatewayConfig.max_body_bytes)."""
+    the rest. Chunks are stored and looked up as the caller's tenant's. Expanded, it is held to the
+    body limit of this listener, the same as the OpenAI port's (both are GatewayConfig.max_body_bytes)."""
     raw = await request.body()
     limit = request.route_handler.resolve_request_max_body_size()
     if limit is None:  # both edge apps set it; without one there is nothing to bound the expansion by
@@ -60,16 +61,17 @@ async def receive_edge_request(request: AnyRequest, store: ChunkStore, metrics: 
     annotate(device=device, edge_bytes=len(raw), edge_texts=len(req.texts), edge_new_chunks=len(req.chunks))
     metrics.edge_bytes.labels(device=device or "").inc(len(raw))
     # SQLite and zstd off the event loop, in one hop
-    body = await asyncio.to_thread(store_and_expand, store, req, limit)
+    tenant = principal_of(request.state).tenant
+    body = await asyncio.to_thread(store_and_expand, store, req, limit, tenant)
     annotate(edge_expanded_bytes=len(body))
     return req.endpoint, body
 
 
-def store_and_expand(store: ChunkStore, req: EdgeRequest, limit: int) -> bytes:
+def store_and_expand(store: ChunkStore, req: EdgeRequest, limit: int, tenant: str) -> bytes:
     check_ref_count(req, limit)  # before the store is asked about any of them
-    store_new_chunks(store, req, limit)
+    store_new_chunks(store, req, limit, tenant=tenant)
     try:
-        body = msgspec.json.encode(expand(store, req, limit))
+        body = msgspec.json.encode(expand(store, req, limit, tenant=tenant))
     except RecursionError:
         raise InvalidRequestError("the request body is nested too deeply", param="body") from None
     except TypeError as exc:  # msgpack allows map keys JSON has no form for (nil, true)

@@ -10,6 +10,10 @@ Invariants:
   found", and lists hold only its own. `owner=None` is the runner's own access to everything.
   Idempotency-Keys are scoped by owner in the key itself (batch_routes.py), so one tenant's key
   never replays another's object.
+- A file may expire (`expires_at`, NULL: never): from that second on every call acts as if it were
+  deleted (get, content, delete, lists, an Idempotency-Key naming it), through `clock`, and sweep()
+  deletes the expired rows so their space is reused (and handed back to the filesystem where the
+  database was made with incremental auto-vacuum).
 
 Thread-safe: one connection, one lock (as chunk_store.py). The routes and the runner call it off the
 event loop (asyncio.to_thread), so a slow disk stalls the Batch API, never the gateway's other routes.
@@ -22,7 +26,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +43,12 @@ from .encoding import encode
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, purpose TEXT NOT NULL,
-    object BLOB NOT NULL, content BLOB NOT NULL, owner TEXT NOT NULL DEFAULT 'default'
+    object BLOB NOT NULL, content BLOB NOT NULL, owner TEXT NOT NULL DEFAULT 'default',
+    expires_at INTEGER
 );
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, status TEXT NOT NULL,
-    object BLOB NOT NULL, owner TEXT NOT NULL DEFAULT 'default'
+    object BLOB NOT NULL, owner TEXT NOT NULL DEFAULT 'default', output_ttl_s INTEGER
 );
 CREATE TABLE IF NOT EXISTS requests (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, body BLOB NOT NULL,
@@ -56,6 +61,15 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 # `WHERE id = ? {OWNED}` with (id, owner, owner): the row if it is the owner's, or any owner's for None
 OWNED = "AND (? IS NULL OR owner = ?)"
+# `... {LIVE}` with (now,): the file unless it has expired
+LIVE = "AND (expires_at IS NULL OR expires_at > ?)"
+# columns added since the first schema: a database made before them gets them (NULL, or the default)
+_ADDED = (
+    ("files", "owner", "TEXT NOT NULL DEFAULT 'default'"),  # before tenants: everything is the default's
+    ("batches", "owner", "TEXT NOT NULL DEFAULT 'default'"),
+    ("files", "expires_at", "INTEGER"),  # before expiry: files never expire
+    ("batches", "output_ttl_s", "INTEGER"),
+)
 KEY_TTL_S = 24 * 3600  # how long an Idempotency-Key names its object (as Stripe and OpenAI keep them)
 
 
@@ -84,20 +98,29 @@ KEY_REUSED = KeyReused()
 
 
 class FileStore:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(
+        self, path: Path | str, clock: Callable[[], float] = time.time, default_ttl_s: int | None = None
+    ) -> None:
+        """`clock`: seconds since the epoch, deciding what has expired; `default_ttl_s`: the lifetime of
+        a file made without one (None: until deleted, as OpenAI keeps them)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._default_ttl_s = default_ttl_s
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # before any table exists (it has no effect on an older database): sweep() can give the pages
+        # of expired files back to the filesystem
+        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk before the client hears of it, so power loss cannot roll back an
         # acknowledged upload, create or cancel (NORMAL in WAL may lose the last commits: work run twice)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
-        for table in ("files", "batches"):  # a database from before tenants: everything is the default's
+        for table, column, kind in _ADDED:
             columns = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
-            if "owner" not in columns:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT 'default'")
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -143,52 +166,93 @@ class FileStore:
     # -- files ------------------------------------------------------------------------------------
 
     def put_file(
-        self, purpose: str, filename: str, content: bytes, idem: Idem | None = None, *, owner: str
+        self,
+        purpose: str,
+        filename: str,
+        content: bytes,
+        idem: Idem | None = None,
+        ttl_s: int | None = None,
+        *,
+        owner: str,
     ) -> FileObject | KeyReused:
+        """A new file expiring `ttl_s` after its creation (None: the store's default)."""
         with self._tx() as db:
             replay = self._replay(db, idem)
+            if isinstance(replay, KeyReused):
+                return replay
             if replay is not None:
-                return replay if isinstance(replay, KeyReused) else self._file(db, replay)
-            f = self._insert_file(db, purpose, filename, content, owner)
+                found = self._file(db, replay)
+                if found is not None:
+                    return found
+                # the key's file expired (not yet swept): the key goes with it, as with a deleted one
+                db.execute("DELETE FROM idempotency WHERE object_id = ?", (replay,))
+            f = self._insert_file(db, purpose, filename, content, ttl_s, owner)
             self._remember(db, idem, f.id)
             return f
 
+    def _new_file(self, purpose: str, filename: str, size: int, ttl_s: int | None) -> FileObject:
+        now = int(self._clock())
+        ttl_s = ttl_s or self._default_ttl_s
+        return FileObject(
+            id=f"file-{uuid.uuid4().hex[:24]}",
+            bytes=size,
+            created_at=now,
+            filename=filename,
+            purpose=purpose,
+            expires_at=None if ttl_s is None else now + ttl_s,
+        )
+
     def _insert_file(
-        self, db: sqlite3.Connection, purpose: str, filename: str, content: bytes, owner: str
+        self,
+        db: sqlite3.Connection,
+        purpose: str,
+        filename: str,
+        content: bytes,
+        ttl_s: int | None,
+        owner: str,
     ) -> FileObject:
-        f = _file_object(purpose, filename, len(content))
+        f = self._new_file(purpose, filename, len(content), ttl_s)
         db.execute(
-            "INSERT INTO files (id, purpose, object, content, owner) VALUES (?, ?, ?, ?, ?)",
-            (f.id, purpose, encode(f), content, owner),
+            "INSERT INTO files (id, purpose, object, content, owner, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (f.id, purpose, encode(f), content, owner, f.expires_at),
         )
         return f
 
     def _insert_sized_file(
-        self, db: sqlite3.Connection, purpose: str, filename: str, size: int, owner: str
+        self, db: sqlite3.Connection, purpose: str, filename: str, size: int, ttl_s: int | None, owner: str
     ) -> tuple[FileObject, ContentRef]:
         """A new file of `size` zero bytes, for _write_content to fill."""
-        f = _file_object(purpose, filename, size)
+        f = self._new_file(purpose, filename, size, ttl_s)
         cur = db.execute(
-            "INSERT INTO files (id, purpose, object, content, owner) VALUES (?, ?, ?, zeroblob(?), ?)",
-            (f.id, purpose, encode(f), size, owner),
+            "INSERT INTO files (id, purpose, object, content, owner, expires_at) "
+            "VALUES (?, ?, ?, zeroblob(?), ?, ?)",
+            (f.id, purpose, encode(f), size, owner, f.expires_at),
         )
         return f, ContentRef(int(cur.lastrowid or 0), size)
 
-    def _file(self, db: sqlite3.Connection, file_id: str) -> FileObject:
-        row = db.execute("SELECT object FROM files WHERE id = ?", (file_id,)).fetchone()
-        return msgspec.json.decode(row[0], type=FileObject)
+    def _file(self, db: sqlite3.Connection, file_id: str) -> FileObject | None:
+        row = db.execute(f"SELECT object FROM files WHERE id = ? {LIVE}", (file_id, self._clock())).fetchone()
+        return None if row is None else msgspec.json.decode(row[0], type=FileObject)
 
     def get_file(self, file_id: str, owner: str | None = None) -> FileObject | None:
-        row = self._one(f"SELECT object FROM files WHERE id = ? {OWNED}", file_id, owner, owner)
+        row = self._one(
+            f"SELECT object FROM files WHERE id = ? {OWNED} {LIVE}", file_id, owner, owner, self._clock()
+        )
         return None if row is None else msgspec.json.decode(row[0], type=FileObject)
 
     def file_content(self, file_id: str) -> bytes | None:
-        row = self._one("SELECT content FROM files WHERE id = ?", file_id)
+        row = self._one(f"SELECT content FROM files WHERE id = ? {LIVE}", file_id, self._clock())
         return None if row is None else bytes(row[0])
 
     def content_ref(self, file_id: str, owner: str | None = None) -> ContentRef | None:
         """Where a file's content is, to read it in pieces (read_content); None if no such file."""
-        row = self._one(f"SELECT seq, length(content) FROM files WHERE id = ? {OWNED}", file_id, owner, owner)
+        row = self._one(
+            f"SELECT seq, length(content) FROM files WHERE id = ? {OWNED} {LIVE}",
+            file_id,
+            owner,
+            owner,
+            self._clock(),
+        )
         return None if row is None else ContentRef(int(row[0]), int(row[1]))
 
     def read_content(self, ref: ContentRef, offset: int, size: int) -> bytes | None:
@@ -216,28 +280,32 @@ class FileStore:
 
     def delete_file(self, file_id: str, *, owner: str) -> bool:
         with self._tx() as db:
-            if (
-                db.execute("SELECT 1 FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
-                is None
-            ):
+            found = db.execute(
+                f"SELECT 1 FROM files WHERE id = ? AND owner = ? {LIVE}", (file_id, owner, self._clock())
+            ).fetchone()
+            if found is None:
                 return False
             db.execute("DELETE FROM idempotency WHERE object_id = ?", (file_id,))
             return db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
 
+    def sweep(self) -> int:
+        """Delete the files that have expired (with the keys naming them); how many went."""
+        with self._tx() as db:
+            now = self._clock()
+            expired = "SELECT id FROM files WHERE expires_at <= ?"
+            db.execute(f"DELETE FROM idempotency WHERE object_id IN ({expired})", (now,))
+            gone = db.execute("DELETE FROM files WHERE expires_at <= ?", (now,)).rowcount
+        if gone:
+            with self._lock:  # the freed pages back to the filesystem (a no-op without auto-vacuum)
+                # executescript: it steps the pragma to its end (execute() frees one page per step)
+                self._db.executescript("PRAGMA incremental_vacuum;")
+        return gone
+
     def _page(
         self, table: str, limit: int, after: str | None, purpose: str | None, owner: str
     ) -> list[bytes]:
-        sql, args = newest_first(table, "object", limit, after, purpose, owner)
+        live_at = int(self._clock()) if table == "files" else None  # (batches do not expire)
+        sql, args = newest_first(table, "object", limit, after, purpose, owner, live_at)
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return [bytes(r[0]) for r in rows]
-
-
-def _file_object(purpose: str, filename: str, size: int) -> FileObject:
-    return FileObject(
-        id=f"file-{uuid.uuid4().hex[:24]}",
-        bytes=size,
-        created_at=int(time.time()),
-        filename=filename,
-        purpose=purpose,
-    )

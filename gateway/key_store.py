@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import re
 import secrets
 import sqlite3
 import threading
@@ -26,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import InvalidRequestError, NotFoundError
+from shared.tenant_name import TENANT_RULE, is_tenant_name
 
 KEY_PREFIX = "cfk_"
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -90,12 +89,8 @@ def key_hash(key: str) -> bytes:
 
 
 def check_tenant(tenant: str) -> str:
-    if not _TENANT.match(tenant):
-        raise InvalidRequestError(
-            f"tenant {tenant!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter "
-            "or digit",
-            param="tenant",
-        )
+    if not is_tenant_name(tenant):
+        raise InvalidRequestError(f"tenant {tenant!r} must be {TENANT_RULE}", param="tenant")
     return tenant
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import CtxfuseError
-from shared.tls import DEVICE_STATE_KEY
+from shared.tls import DEVICE_STATE_KEY, TENANT_STATE_KEY
 
 from .encoding import encode
 from .errors import AuthenticationError, PermissionDeniedError, RateLimitError
@@ -40,6 +40,9 @@ from .key_store import KEY_PREFIX, ApiKey, KeyStore, check_tenant
 from .rate_limits import Limited, RateLimiter, Ticket
 
 DEFAULT_TENANT = "default"
+# a device whose certificate names no tenant is a tenant of its own, `device:NAME`: a name no key's
+# tenant can take (the tenant name rule allows no ':')
+DEVICE_TENANT_PREFIX = "device:"
 # the router's word, to a worker, for whose request this is (the worker's prefix-cache partition);
 # believed only from a caller holding the worker's own key, i.e. its router
 TENANT_HEADER = "x-ctxfuse-tenant"
@@ -70,14 +73,16 @@ class Principal:
 
 def principal_of(state: Any) -> Principal:
     """The caller of a request (`request.state`): as the middleware found it; on the edge listener
-    the verified device, a tenant of its own (`device:NAME`, a name no key's tenant can take); else
-    the default tenant (an app built without the middleware)."""
+    the verified device's tenant, as its certificate names it (`ctxfuse certs issue --tenant`), so a
+    tenant's devices and keys share its data, or for a device issued without one a tenant of its own
+    (`device:NAME`); else the default tenant (an app built without the middleware)."""
     p = getattr(state, "principal", None)
     if isinstance(p, Principal):
         return p
     device = getattr(state, DEVICE_STATE_KEY, None)
     if isinstance(device, str):
-        return Principal(f"device:{device}")
+        tenant = getattr(state, TENANT_STATE_KEY, None)
+        return Principal(tenant if isinstance(tenant, str) else DEVICE_TENANT_PREFIX + device)
     return Principal(DEFAULT_TENANT)
 
 
@@ -186,7 +191,7 @@ def _forwarded_tenant(scope: Scope) -> Principal | None:
     for name, value in scope["headers"]:
         if name == TENANT_HEADER.encode():
             tenant = value.decode("latin-1")
-            if tenant.startswith("device:") or _is_tenant(tenant):
+            if tenant.startswith(DEVICE_TENANT_PREFIX) or _is_tenant(tenant):
                 return Principal(tenant)
     return None
 

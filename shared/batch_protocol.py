@@ -17,6 +17,8 @@ BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+# the bounds OpenAI documents for `expires_after.seconds` (a file's) and `output_expires_after.seconds`
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 30 * 24 * 3600
 
 # -- files ------------------------------------------------------------------------------------
 
@@ -54,6 +56,13 @@ class FileUpload(Struct, kw_only=True):
     purpose: str
 
 
+class ExpiresAfter(Struct, kw_only=True):
+    """When a file expires: `seconds` after its creation (the only anchor OpenAI offers)."""
+
+    anchor: Literal["created_at"]
+    seconds: int
+
+
 # -- batches ----------------------------------------------------------------------------------
 
 
@@ -62,6 +71,9 @@ class BatchCreateRequest(Struct, kw_only=True):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    # the expiry of the batch's output and error files, anchored at their own creation; UNSET (not
+    # None) leaves it out of the encoded request, so Idempotency-Key digests from before it still match
+    output_expires_after: ExpiresAfter | msgspec.UnsetType = msgspec.UNSET
 
 
 class BatchRequestCounts(Struct, kw_only=True):

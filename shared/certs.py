@@ -9,7 +9,8 @@ One layout per TLS directory (`TLSDir` owns the paths):
     DIR/crl.pem             revocation list signed by the CA; written by `init`, rewritten on each revoke
     DIR/server.pem          the gateway's certificate (serverAuth; DNS names and IP addresses as SANs)
     DIR/server.key          its key (0600)
-    DIR/devices/NAME.pem    a device certificate (clientAuth; CN = NAME, SAN URI urn:ctxfuse:device:NAME)
+    DIR/devices/NAME.pem    a device certificate (clientAuth; CN = NAME, SAN URI urn:ctxfuse:device:NAME,
+                            and urn:ctxfuse:tenant:TENANT for a device issued with a tenant)
     DIR/devices/NAME.key    its key (0600)
     DIR/index.json          issued devices and every revoked serial, the CRL number and time
 
@@ -43,12 +44,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from shared.errors import CtxfuseError
+from shared.tenant_name import TENANT_RULE, is_tenant_name
 
 CA_DAYS = 3650
 SERVER_DAYS = 730
 DEVICE_DAYS = 365
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 DEVICE_URI_PREFIX = "urn:ctxfuse:device:"
+# the tenant a device belongs to (its files, batches, chunks and prefix cache are the tenant's);
+# a device without one is a tenant of its own
+TENANT_URI_PREFIX = "urn:ctxfuse:tenant:"
 
 # a device name becomes a file name and a CN (at most 64 characters): no separators, no leading dot
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -82,6 +87,7 @@ class DeviceRecord(msgspec.Struct):
     serial: str  # hex
     not_after: dt.datetime
     revoked_at: dt.datetime | None = None
+    tenant: str | None = None  # None: the device is a tenant of its own
 
 
 class RevokedSerial(msgspec.Struct):
@@ -152,6 +158,12 @@ def check_device_name(name: str) -> str:
     return name
 
 
+def check_tenant_name(tenant: str) -> str:
+    if not is_tenant_name(tenant):
+        raise InvalidNameError(f"tenant {tenant!r} must be {TENANT_RULE}")
+    return tenant
+
+
 def init_ca(root: Path, *, days: int = CA_DAYS) -> Issued:
     """Create the CA and an empty CRL in `root`; refuses to replace an existing CA."""
     d = TLSDir(Path(root))
@@ -192,10 +204,13 @@ def issue_server(root: Path, hosts: Sequence[str] = LOOPBACK_HOSTS, *, days: int
     return Issued(d.server_cert, d.server_key, cert.serial_number, cert.not_valid_after_utc)
 
 
-def issue_device(root: Path, name: str, *, days: int = DEVICE_DAYS) -> Issued:
-    """A client certificate and key for device `name`. A name may be issued again only once its
-    previous certificate is revoked, so one name never has two valid certificates."""
+def issue_device(root: Path, name: str, *, tenant: str | None = None, days: int = DEVICE_DAYS) -> Issued:
+    """A client certificate and key for device `name`, of `tenant` if given (a SAN URI beside the
+    device's own; the gateway serves the device as that tenant). A name may be issued again only once
+    its previous certificate is revoked, so one name never has two valid certificates."""
     d = TLSDir(Path(root))
+    if tenant is not None:
+        check_tenant_name(tenant)
     cert_path, key_path = d.device_cert(name), d.device_key(name)
     ca_cert, ca_key = _load_ca(d)
     index = _read_index(d)
@@ -204,10 +219,13 @@ def issue_device(root: Path, name: str, *, days: int = DEVICE_DAYS) -> Issued:
     if earlier is not None and earlier.revoked_at is None:
         raise AlreadyExistsError(f"device {name!r} already has a valid certificate; revoke it first")
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    san = x509.UniformResourceIdentifier(DEVICE_URI_PREFIX + name)
-    key, cert = _issue_leaf(ca_cert, ca_key, subject, [san], ExtendedKeyUsageOID.CLIENT_AUTH, days)
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(DEVICE_URI_PREFIX + name)]
+    if tenant is not None:
+        sans.append(x509.UniformResourceIdentifier(TENANT_URI_PREFIX + tenant))
+    key, cert = _issue_leaf(ca_cert, ca_key, subject, sans, ExtendedKeyUsageOID.CLIENT_AUTH, days)
     # recorded before the files exist: a certificate that is out there can always be revoked by name
-    index.devices[name] = DeviceRecord(name, format(cert.serial_number, "x"), cert.not_valid_after_utc)
+    serial = format(cert.serial_number, "x")
+    index.devices[name] = DeviceRecord(name, serial, cert.not_valid_after_utc, tenant=tenant)
     _write_index(d, index)
     cert_path.parent.mkdir(exist_ok=True)
     _write_key(key_path, key)

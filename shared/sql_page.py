@@ -11,9 +11,11 @@ def newest_first(
     after: str | None,
     purpose: str | None = None,
     owner: str | None = None,
+    live_at: int | None = None,
 ) -> tuple[str, tuple[object, ...]]:
-    """(SQL, parameters) selecting `column`, only `owner`'s rows when given; `table` and `column` are
-    ours, never a client's."""
+    """(SQL, parameters) selecting `column`, only `owner`'s rows when given, only rows not expired at
+    `live_at` when given (the table has `expires_at`, NULL: never); `table` and `column` are ours,
+    never a client's."""
     where: list[str] = []
     args: list[object] = []
     if owner is not None:
@@ -25,5 +27,8 @@ def newest_first(
     if purpose is not None:
         where.append("purpose = ?")
         args.append(purpose)
+    if live_at is not None:
+        where.append("(expires_at IS NULL OR expires_at > ?)")
+        args.append(live_at)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     return f"SELECT {column} FROM {table} {clause} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)

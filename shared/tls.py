@@ -36,8 +36,9 @@ import uvicorn
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from shared.certs import CertsError, TLSDir, check_device_name
+from shared.certs import TENANT_URI_PREFIX, CertsError, TLSDir, check_device_name
 from shared.conn_limits import ConnLimits, LimitedH11Protocol, uvicorn_options
+from shared.tenant_name import is_tenant_name
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -47,6 +48,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LOGGER = "ctxfuse.edge_tls"
 DEVICE_STATE_KEY = "device"  # scope["state"]["device"]: the verified device name
 SERIAL_STATE_KEY = "device_serial"  # scope["state"]["device_serial"]: its certificate's serial (int)
+# scope["state"]["device_tenant"]: the tenant its certificate names (absent: a tenant of its own)
+TENANT_STATE_KEY = "device_tenant"
 
 _ALERT, _HANDSHAKE, _CERTIFICATE, _FATAL = 21, 22, 11, 2
 # why the gateway refused, by the TLS alert it sent (RFC 8446 section 6); others are logged by name
@@ -223,7 +226,8 @@ class DeviceHttpProtocol(LimitedH11Protocol):
     """uvicorn's h11 protocol under our connection limits (`uvicorn.Config(http=DeviceHttpProtocol)`,
     or `conn_limits.uvicorn_options(limits, DeviceHttpProtocol)`), plus: every request on a
     connection carries the CN of that connection's verified client certificate in
-    scope["state"]["device"], and its serial in scope["state"]["device_serial"].
+    scope["state"]["device"], its serial in scope["state"]["device_serial"] and, for a certificate
+    issued with a tenant, that tenant in scope["state"]["device_tenant"].
 
     The name travels with the connection: uvicorn copies the protocol's `app_state` into each
     request's scope["state"] (and hands it to WebSocket upgrades), before any middleware runs. It is
@@ -247,7 +251,11 @@ class DeviceHttpProtocol(LimitedH11Protocol):
         serial = _serial(peercert) if isinstance(peercert, dict) else None
         if name is not None:
             # this connection's own dict: the one passed in is the lifespan state, shared by all
-            self.app_state = {**self.app_state, DEVICE_STATE_KEY: name, SERIAL_STATE_KEY: serial}
+            state = {**self.app_state, DEVICE_STATE_KEY: name, SERIAL_STATE_KEY: serial}
+            tenant = _tenant(peercert)
+            if tenant is not None:
+                state[TENANT_STATE_KEY] = tenant
+            self.app_state = state
         if serial is not None and self.revocations is not None and not transport.is_closing():
             self._check_revocation(serial)
 
@@ -271,6 +279,22 @@ class DeviceHttpProtocol(LimitedH11Protocol):
 def _serial(peercert: dict[str, Any]) -> int | None:
     value = peercert.get("serialNumber")
     return int(value, 16) if isinstance(value, str) else None
+
+
+def _tenant(peercert: object) -> str | None:
+    """The tenant a verified certificate names (shared.certs.issue_device's SAN URI). A certificate
+    naming none, several or a malformed one gets none: its device is then a tenant of its own, which
+    sees only its own data (fail closed)."""
+    if not isinstance(peercert, dict):
+        return None
+    names = [
+        value[len(TENANT_URI_PREFIX) :]
+        for kind, value in peercert.get("subjectAltName", ())
+        if kind == "URI" and isinstance(value, str) and value.startswith(TENANT_URI_PREFIX)
+    ]
+    if len(names) != 1 or not is_tenant_name(names[0]):
+        return None
+    return names[0]
 
 
 def _common_name(peercert: object) -> str | None:

@@ -12,25 +12,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import cast
 
 from litestar.response import Stream
 
+from cloud.engine.block_pool import salt_key
 from shared.errors import CtxfuseError
 
 from ..batch_exec import Answer, Executor, refuse_stream
 from ..encoding import encode
 from ..errors import ServiceUnavailableError
+from ..tenant_auth import Principal
 from .fleet import Fleet
 from .proxy import Outgoing, forward
 
 
 def routed_executor(fleet: Fleet) -> Executor:
-    async def execute(endpoint: str, raw: bytes, rid: str, priority: int) -> Answer:
+    async def execute(endpoint: str, raw: bytes, rid: str, priority: int, owner: str) -> Answer:
         try:
             stream, keys = await asyncio.to_thread(fleet.request_keys, endpoint, raw)
             refuse_stream(stream)
-            answer = await forward(fleet, Outgoing(endpoint, raw, keys, None))
+            salt = Principal(owner).cache_salt  # the batch's owner: its workers' cache partition
+            if salt is not None:
+                keys = replace(keys, extra_key=salt_key(salt))
+            answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt))
         except ServiceUnavailableError:
             raise  # no backend took it: the runner tries again later
         except CtxfuseError as exc:

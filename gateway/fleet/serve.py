@@ -46,7 +46,10 @@ def build_fleet_server(
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
     batches = BatchRunner(
-        routed_executor(fleet), config.data / "batches.sqlite", max_running=config.max_running_batches
+        routed_executor(fleet),
+        config.data / "batches.sqlite",
+        max_running=config.max_running_batches,
+        file_ttl_s=config.file_ttl_s,
     )
     keys = KeyStore(config.data / "keys.sqlite")
     app = create_fleet_app(fleet, metrics, config.api_key, config.max_body_bytes, batches, keys)

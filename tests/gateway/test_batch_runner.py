@@ -232,7 +232,7 @@ def test_a_poisoned_batch_ends_failed_with_its_reason_and_the_next_batch_complet
     poisoned, healthy = stored_batches(path, [["fine", "poison"], ["fine too"]])
     calls: list[str] = []
 
-    async def execute(endpoint: str, body: bytes, rid: str, priority: int) -> Answer:
+    async def execute(endpoint: str, body: bytes, rid: str, priority: int, owner: str) -> Answer:
         calls.append(tag_of(body))
         if tag_of(body) == "poison":  # an answer the runner cannot store: an error it does not expect
             return Answer(200, cast(bytes, None))
@@ -261,7 +261,7 @@ def test_batches_run_side_by_side_never_more_than_the_bound(tmp_path: Path) -> N
     most: list[int] = [0]
     all_in = asyncio.Event()
 
-    async def execute(endpoint: str, body: bytes, rid: str, priority: int) -> Answer:
+    async def execute(endpoint: str, body: bytes, rid: str, priority: int, owner: str) -> Answer:
         tag = tag_of(body)
         in_flight[tag] = in_flight.get(tag, 0) + 1
         most[0] = max(most[0], len(in_flight))
@@ -291,7 +291,7 @@ def test_a_cancel_wakes_the_batch_it_names_while_others_run(tmp_path: Path) -> N
     started = asyncio.Event()
     release = asyncio.Event()
 
-    async def execute(endpoint: str, body: bytes, rid: str, priority: int) -> Answer:
+    async def execute(endpoint: str, body: bytes, rid: str, priority: int, owner: str) -> Answer:
         started.set()
         await release.wait()
         return Answer(200, b'{"ok": true}')

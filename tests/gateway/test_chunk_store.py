@@ -22,6 +22,7 @@ from shared.chunking import digest
 from shared.compression import ChunkError
 
 SIZE = 100  # bytes per test chunk
+T = "tenant-a"  # the tenant every chunk here is stored and read as
 
 
 def chunk(label: str) -> tuple[bytes, bytes]:
@@ -34,7 +35,7 @@ A, B, C, D, E = (chunk(label) for label in "abcde")
 
 def held(store: ChunkStore, *chunks: tuple[bytes, bytes]) -> list[bool]:
     """Whether each chunk is stored (without touching the LRU order)."""
-    absent = set(store.missing([d for d, _ in chunks]))
+    absent = set(store.missing([d for d, _ in chunks], tenant=T))
     return [d not in absent for d, _ in chunks]
 
 
@@ -53,37 +54,37 @@ def store(path: Path) -> Iterator[ChunkStore]:
 
 
 def test_put_then_get_many_returns_the_bytes_and_leaves_out_absent_ones(store: ChunkStore) -> None:
-    store.put(*A)
-    store.put_many(dict([B]))
-    assert store.get_many([A[0], C[0], B[0]]) == dict([A, B])
+    store.put(*A, tenant=T)
+    store.put_many(dict([B]), tenant=T)
+    assert store.get_many([A[0], C[0], B[0]], tenant=T) == dict([A, B])
     assert (store.count, store.total_bytes) == (2, 2 * SIZE)
 
 
 def test_missing_keeps_request_order_and_names_each_digest_once(store: ChunkStore) -> None:
-    store.put(*B)
-    assert store.missing([C[0], A[0], B[0], C[0], D[0], A[0]]) == [C[0], A[0], D[0]]
+    store.put(*B, tenant=T)
+    assert store.missing([C[0], A[0], B[0], C[0], D[0], A[0]], tenant=T) == [C[0], A[0], D[0]]
 
 
 def test_putting_a_stored_chunk_again_changes_nothing_but_its_recency(store: ChunkStore) -> None:
-    store.put(*A)
-    store.put(*A)
-    store.put_many(dict([A, B]))
+    store.put(*A, tenant=T)
+    store.put(*A, tenant=T)
+    store.put_many(dict([A, B]), tenant=T)
     assert (store.count, store.total_bytes) == (2, 2 * SIZE)
 
 
 def test_bytes_that_do_not_match_their_digest_are_refused_and_nothing_is_stored(store: ChunkStore) -> None:
     with pytest.raises(ChunkError, match="does not match"):
-        store.put_many({A[0]: A[1], B[0]: C[1]})
+        store.put_many({A[0]: A[1], B[0]: C[1]}, tenant=T)
     with pytest.raises(ChunkError):
-        store.put(A[0][:16], A[1])  # a truncated digest never matches
+        store.put(A[0][:16], A[1], tenant=T)  # a truncated digest never matches
     assert store.count == 0
     assert held(store, A, B, C) == [False, False, False]
 
 
 def test_hits_and_misses_count_each_digest_looked_up(store: ChunkStore) -> None:
-    store.put_many(dict([A, B]))
-    store.missing([A[0], C[0], A[0]])
-    store.get_many([B[0], D[0], E[0]])
+    store.put_many(dict([A, B]), tenant=T)
+    store.missing([A[0], C[0], A[0]], tenant=T)
+    store.get_many([B[0], D[0], E[0]], tenant=T)
     assert (store.hits, store.misses) == (2, 3)
 
 
@@ -91,47 +92,74 @@ def test_hits_and_misses_count_each_digest_looked_up(store: ChunkStore) -> None:
 
 
 def test_eviction_removes_the_least_recently_used_first(store: ChunkStore) -> None:
-    store.put(*A)
-    store.put(*B)
-    store.put(*C)
-    store.get_many([A[0]])  # order, oldest first: B C A
-    store.put(*D)  # over budget by one chunk: B goes
+    store.put(*A, tenant=T)
+    store.put(*B, tenant=T)
+    store.put(*C, tenant=T)
+    store.get_many([A[0]], tenant=T)  # order, oldest first: B C A
+    store.put(*D, tenant=T)  # over budget by one chunk: B goes
     assert held(store, A, B, C, D) == [True, False, True, True]
-    store.put(*A)  # re-putting touches: C D A
-    store.put(*E)
+    store.put(*A, tenant=T)  # re-putting touches: C D A
+    store.put(*E, tenant=T)
     assert held(store, A, B, C, D, E) == [True, False, False, True, True]
     assert (store.count, store.total_bytes) == (3, 3 * SIZE)
 
 
 def test_get_many_touches_in_request_order(store: ChunkStore) -> None:
-    store.put_many(dict([A, B, C]))
-    store.get_many([C[0], A[0], B[0]])  # order: C A B
-    store.put(*D)
+    store.put_many(dict([A, B, C]), tenant=T)
+    store.get_many([C[0], A[0], B[0]], tenant=T)  # order: C A B
+    store.put(*D, tenant=T)
     assert held(store, A, B, C, D) == [True, True, False, True]
 
 
 def test_missing_does_not_touch(store: ChunkStore) -> None:
-    store.put_many(dict([A, B, C]))
-    store.missing([A[0]])
-    store.put(*D)
+    store.put_many(dict([A, B, C]), tenant=T)
+    store.missing([A[0]], tenant=T)
+    store.put(*D, tenant=T)
     assert held(store, A, B, C, D) == [False, True, True, True]
 
 
 def test_a_calls_own_chunks_are_never_evicted_even_over_budget(path: Path) -> None:
     with ChunkStore(path, max_bytes=2 * SIZE) as store:
-        store.put_many(dict([A, B, C]))  # 3 chunks > 2-chunk budget: all kept, for now
+        store.put_many(dict([A, B, C]), tenant=T)  # 3 chunks > 2-chunk budget: all kept, for now
         assert held(store, A, B, C) == [True, True, True]
         assert store.total_bytes == 3 * SIZE
         # D is new; A and B are named by the same request and kept; C is the only one evictable.
-        store.put_many(dict([D]), touch=[A[0], B[0]])
+        store.put_many(dict([D]), touch=[A[0], B[0]], tenant=T)
         assert held(store, A, B, C, D) == [True, True, False, True]
-        store.put(*E)  # order was D A B: the two oldest go
+        store.put(*E, tenant=T)  # order was D A B: the two oldest go
         assert held(store, A, B, C, D, E) == [False, True, False, False, True]
 
 
 def test_touched_chunks_that_are_absent_are_ignored(store: ChunkStore) -> None:
-    store.put_many(dict([A]), touch=[B[0], A[0]])
+    store.put_many(dict([A]), touch=[B[0], A[0]], tenant=T)
     assert (store.count, store.total_bytes) == (1, SIZE)
+
+
+# -- tenants --------------------------------------------------------------------------------------
+
+
+def test_a_chunk_is_held_only_by_the_tenants_that_put_it_and_stored_once(store: ChunkStore) -> None:
+    store.put_many(dict([A, B]), tenant=T)
+    assert store.missing([A[0], B[0]], tenant="other") == [A[0], B[0]]
+    assert store.sizes([A[0]], tenant="other") == {}
+    assert store.get_many([A[0], B[0]], tenant="other") == {}
+    store.put_many(dict([A]), tenant="other")
+    assert store.get_many([A[0], B[0]], tenant="other") == dict([A])
+    assert (store.count, store.total_bytes) == (2, 2 * SIZE)  # A's bytes once, for both tenants
+
+
+def test_touching_another_tenants_chunk_does_not_keep_it(path: Path) -> None:
+    with ChunkStore(path, max_bytes=2 * SIZE) as store:
+        store.put_many(dict([A, B]), tenant=T)  # order: A B
+        store.put_many({}, touch=[A[0]], tenant="other")  # not its chunk: nothing changes
+        store.put_many(dict([C]), tenant=T)  # evicts the oldest, A
+        assert held(store, A, B, C) == [False, True, True]
+        store.put_many(dict([A]), tenant="other")  # evicts B; A is held by "other" only
+        assert store.missing([A[0], B[0], C[0]], tenant=T) == [A[0], B[0]]
+        with sqlite3.connect(path) as db:  # an evicted chunk leaves no owner behind
+            assert db.execute("SELECT COUNT(*) FROM chunk_owners WHERE digest = ?", (B[0],)).fetchone() == (
+                0,
+            )
 
 
 @given(st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from("abcdefgh"), max_size=4)), max_size=25))
@@ -149,7 +177,7 @@ def test_contents_follow_an_lru_model_over_any_sequence_of_calls(calls: list[tup
         for is_put, labels in calls:
             items = dict(chunk(label) for label in labels)
             if is_put:
-                store.put_many(items)
+                store.put_many(items, tenant=T)
                 for d in items:
                     model[d] = None
                     model.move_to_end(d)
@@ -157,9 +185,9 @@ def test_contents_follow_an_lru_model_over_any_sequence_of_calls(calls: list[tup
                 for d in victims:
                     del model[d]
             else:
-                store.get_many(list(items))
+                store.get_many(list(items), tenant=T)
                 model_touch(list(items))
-            assert store.missing(list(model)) == []
+            assert store.missing(list(model), tenant=T) == []
             assert store.count == len(model)
 
 
@@ -168,18 +196,18 @@ def test_contents_follow_an_lru_model_over_any_sequence_of_calls(calls: list[tup
 
 def test_a_restart_keeps_chunks_counts_and_lru_order(path: Path) -> None:
     with ChunkStore(path, max_bytes=3 * SIZE) as store:
-        store.put_many(dict([A, B, C]))
-        store.get_many([A[0]])  # order: B C A
+        store.put_many(dict([A, B, C]), tenant=T)
+        store.get_many([A[0]], tenant=T)  # order: B C A
     with ChunkStore(path, max_bytes=3 * SIZE) as store:
         assert (store.count, store.total_bytes) == (3, 3 * SIZE)
-        assert store.get_many([C[0]]) == dict([C])  # order: B A C
-        store.put(*D)
+        assert store.get_many([C[0]], tenant=T) == dict([C])  # order: B A C
+        store.put(*D, tenant=T)
         assert held(store, A, B, C, D) == [True, False, True, True]
 
 
 def test_reopening_with_a_smaller_budget_evicts_the_oldest(path: Path) -> None:
     with ChunkStore(path, max_bytes=3 * SIZE) as store:
-        store.put_many(dict([A, B, C]))
+        store.put_many(dict([A, B, C]), tenant=T)
     with ChunkStore(path, max_bytes=SIZE) as store:
         assert held(store, A, B, C) == [False, False, True]
         assert (store.count, store.total_bytes) == (1, SIZE)
@@ -204,12 +232,12 @@ def test_concurrent_puts_and_gets_from_threads_keep_the_store_consistent(path: P
             for _ in range(60):
                 picked = rng.sample(pool, rng.randint(1, 6))
                 if rng.random() < 0.5:
-                    store.put_many(dict(picked[:3]), touch=[d for d, _ in picked[3:]])
+                    store.put_many(dict(picked[:3]), touch=[d for d, _ in picked[3:]], tenant=T)
                 else:
-                    for d, data in store.get_many([d for d, _ in picked]).items():
+                    for d, data in store.get_many([d for d, _ in picked], tenant=T).items():
                         if digest(data) != d:
                             raise AssertionError("get_many returned the bytes of another chunk")
-                store.missing([d for d, _ in picked])
+                store.missing([d for d, _ in picked], tenant=T)
         except BaseException as e:  # a thread's failure is reported by the test's thread
             errors.append(e)
 

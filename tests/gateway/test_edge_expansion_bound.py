@@ -36,9 +36,10 @@ from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server
 from shared.chunking import digest
 from shared.compression import compress
-from shared.edge_protocol import MSGPACK, EdgeRequest, text_ref
+from shared.edge_protocol import EdgeRequest, text_ref
 from shared.tls import client_context
 from tests.edge.test_edge_e2e import ENGINE, MODEL, start  # truncate_middle: a body-limit request is answered
+from tests.gateway.edge_rig import send_edge_request
 
 LIMIT = 2**20  # the gateway's max_body_bytes here: 1 MiB
 BIG = 64 * 1024  # the largest chunk the gateway takes (gateway/edge_link.py MAX_CHUNK_BYTES)
@@ -52,11 +53,7 @@ class Edge:
     agent_url: str
 
     def post(self, req: EdgeRequest) -> httpx.Response:
-        return self.device.post(
-            f"{self.url}/edge/v1/request",
-            content=msgspec.msgpack.encode(req),
-            headers={"content-type": MSGPACK},
-        )
+        return send_edge_request(self.device, self.url, req)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +162,7 @@ def test_a_chunk_not_named_by_the_request_is_not_stored(edge: Edge) -> None:
     )
     resp = edge.post(req)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "chunks"
-    assert edge.store.sizes([digest(stray)]) == {}
+    assert edge.store.sizes([digest(stray)], tenant="device:dev1") == {}
 
 
 def deduplicated_body(size: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from shared.edge_protocol import EdgeRequest
 from shared.errors import InvalidRequestError
 
 THRESHOLD = 256
+T = "tenant-a"  # the tenant every chunk here is stored and read as
 LIMIT = 16 * 2**20  # the gateway's default body limit, which bounds an expanded request
 texts = st.text(alphabet=st.characters(codec="utf-8"), min_size=0, max_size=6000)
 
@@ -33,9 +34,9 @@ def send(store: ChunkStore, body: Any, held: set[bytes]) -> tuple[Any, int]:
     out = chunk_strings("chat.completions", body, THRESHOLD)
     out.attach([d for d in out.digests if d not in held])
     req = over_the_wire(out.request)
-    store_new_chunks(store, req, LIMIT)
+    store_new_chunks(store, req, LIMIT, tenant=T)
     held.update(out.digests)
-    return expand(store, req, LIMIT), sum(len(out.chunks[d]) for d in req.chunks)
+    return expand(store, req, LIMIT, tenant=T), sum(len(out.chunks[d]) for d in req.chunks)
 
 
 @pytest.fixture()
@@ -87,15 +88,15 @@ def test_a_chunk_the_gateway_lacks_is_named_and_recovered(store: ChunkStore) -> 
     body = {"prompt": "lorem ipsum dolor sit amet " * 400}
     out = chunk_strings("completions", body, THRESHOLD)  # sends no chunk bytes: believes all are held
     with pytest.raises(MissingChunksError) as err:
-        expand(store, over_the_wire(out.request), LIMIT)
+        expand(store, over_the_wire(out.request), LIMIT, tenant=T)
     assert set(err.value.missing) == set(out.digests)
     assert err.value.status == 409 and err.value.to_openai()["missing"] == [
         d.hex() for d in err.value.missing
     ]
     out.attach(err.value.missing)  # what the uplink does with the 409, then retries once
     retry = over_the_wire(out.request)
-    store_new_chunks(store, retry, LIMIT)
-    assert expand(store, retry, LIMIT) == body
+    store_new_chunks(store, retry, LIMIT, tenant=T)
+    assert expand(store, retry, LIMIT, tenant=T) == body
 
 
 def test_a_corrupt_chunk_is_refused_before_anything_is_stored(store: ChunkStore) -> None:
@@ -104,7 +105,7 @@ def test_a_corrupt_chunk_is_refused_before_anything_is_stored(store: ChunkStore)
     first = out.digests[0]
     out.request.chunks[first] = out.request.chunks[out.digests[-1]] if len(out.digests) > 1 else b"junk"
     with pytest.raises(InvalidRequestError):
-        store_new_chunks(store, over_the_wire(out.request), LIMIT)
+        store_new_chunks(store, over_the_wire(out.request), LIMIT, tenant=T)
     assert store.count == 0
 
 
@@ -112,6 +113,6 @@ def test_a_body_pointing_past_its_texts_is_refused(store: ChunkStore) -> None:
     out = chunk_strings("completions", {"prompt": "y" * 5000}, THRESHOLD)
     out.request.texts = []
     req = over_the_wire(out.request)
-    store_new_chunks(store, req, LIMIT)
+    store_new_chunks(store, req, LIMIT, tenant=T)
     with pytest.raises(InvalidRequestError):
-        expand(store, req, LIMIT)
+        expand(store, req, LIMIT, tenant=T)

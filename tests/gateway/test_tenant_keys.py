@@ -5,6 +5,7 @@ requests in flight, answered 429 with Retry-After and OpenAI's x-ratelimit-* hea
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -155,9 +156,11 @@ def test_requests_in_flight_are_capped_per_key(keyed: tuple[Running, KeyStore]) 
 def test_one_tenant_never_hits_another_tenants_cached_prefix(keyed: tuple[Running, KeyStore]) -> None:
     """Before: `cached_tokens` (and TTFT) told one caller whether another had sent a prompt prefix."""
     running, store = keyed
-    _, alice = store.create("alice")
-    _, alice2 = store.create("alice")
-    _, bob = store.create("bob")
+    # tenants of their own: the engine is the session's, and a tenant's earlier requests (the chat
+    # template's first block) would be cached hits of its own
+    _, alice = store.create("alice-cache")
+    _, alice2 = store.create("alice-cache")
+    _, bob = store.create("bob-cache")
     doc = [{"role": "user", "content": "Summarize: " + "the quick brown fox jumps over the lazy dog. " * 30}]
 
     def cached(key: str) -> int:
@@ -201,3 +204,29 @@ def test_files_batches_and_idempotency_keys_belong_to_their_tenant(keyed: tuple[
             attempt()
     assert alice.files.retrieve(a_file.id).id == a_file.id  # still there, untouched
     assert alice.batches.retrieve(a_batch.id).status != "cancelling"
+
+
+def test_a_batch_runs_in_its_owners_cache_partition(keyed: tuple[Running, KeyStore]) -> None:
+    running, store = keyed
+    # tenants of their own: the engine is the session's, and a tenant's earlier requests (the chat
+    # template's first block) would be cached hits of its own
+    _, a_key = store.create("alice-batch")
+    _, b_key = store.create("bob-batch")
+    alice, bob = _client(running, a_key), _client(running, b_key)
+    doc = [{"role": "user", "content": "Batch: " + "every line runs as the tenant that sent it. " * 30}]
+    body = {"model": MODEL, "messages": doc, "max_tokens": 1}
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    f = alice.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+    batch = alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (batch := alice.batches.retrieve(batch.id)).status != "completed":
+        assert batch.status in ("validating", "in_progress", "finalizing") and time.monotonic() < deadline
+        time.sleep(0.1)
+
+    def cached(client: openai.OpenAI) -> int:
+        r = client.chat.completions.create(model=MODEL, messages=doc, max_tokens=1)
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        return r.usage.prompt_tokens_details.cached_tokens or 0
+
+    assert cached(bob) == 0  # the batch's blocks are alice's
+    assert cached(alice) > 100

@@ -38,7 +38,8 @@ def test_tenants_keep_their_own_cached_prefixes_behind_the_router(keyed_router: 
     url, data = keyed_router
     store = KeyStore(data / "keys.sqlite")
     keys = {
-        name: store.create(tenant)[1] for name, tenant in (("a1", "alice"), ("a2", "alice"), ("b", "bob"))
+        name: store.create(tenant)[1]
+        for name, tenant in (("a1", "alice-fleet"), ("a2", "alice-fleet"), ("b", "bob-fleet"))
     }
     doc = [{"role": "user", "content": "Review: " + "a router keeps each tenant's cache apart. " * 30}]
 
