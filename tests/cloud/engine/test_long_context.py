@@ -78,8 +78,11 @@ def test_sparse_with_a_small_budget_stays_close_to_dense(loaded_model, dense) ->
 def test_quantized_kv_cache_stays_close_to_full_precision(loaded_model, dense, kv_dtype, tolerance) -> None:  # type: ignore[no-untyped-def]
     _, prompt_lp, _, _ = dense
     got = _run(replace(BASE, kv_dtype=kv_dtype), loaded_model)
-    first_chunk = BASE.max_num_batched_tokens - 1  # attends only to its own fresh keys: exact
-    torch.testing.assert_close(got[1][:first_chunk], prompt_lp[:first_chunk])
+    # the first chunk attends only to its own fresh keys, unrounded: the same math as the dense run's,
+    # summed in another order (the quantized cache's prefill is the PyTorch reference, the dense one
+    # the C++ kernel on a CPU), so equal up to fp32 rounding carried through 30 layers
+    first_chunk = BASE.max_num_batched_tokens - 1
+    torch.testing.assert_close(got[1][:first_chunk], prompt_lp[:first_chunk], rtol=1e-5, atol=1e-4)
     diff = float((got[1] - prompt_lp).abs().mean())
     assert 0 < diff < tolerance
 
