@@ -46,8 +46,11 @@ def _break(core: EngineCore) -> None:
     core.fail_all = boom  # type: ignore[method-assign]
 
 
+KEY = "engine-death-test-key"  # serve's and the worker's --api-key (a worker requires one)
+
+
 def _client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=GUARD_S)
+    return openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=GUARD_S)
 
 
 def _stream_until_first_token(client: openai.OpenAI) -> Iterator[Any]:
@@ -165,7 +168,7 @@ raise SystemExit(main(sys.argv[1:]))
 
 
 def _start(cmd: list[str], tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
+    env = {**os.environ, "CTXFUSE_API_KEY": KEY}
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True, env=env
     )
@@ -192,7 +195,10 @@ def _dies_loudly(proc: subprocess.Popen[str], base_url: str, stream: Iterator[An
     # until it has exited, the server refuses at once with the same error; after, nothing listens
     # (or the connection closes as it exits): never a wait
     with contextlib.suppress(httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
-        _assert_engine_dead(httpx.post(f"{base_url}/chat/completions", json=LONG, timeout=GUARD_S))
+        auth = {"Authorization": f"Bearer {KEY}"}
+        _assert_engine_dead(
+            httpx.post(f"{base_url}/chat/completions", json=LONG, headers=auth, timeout=GUARD_S)
+        )
     assert proc.wait(GUARD_S) == 1
     assert "the engine has stopped" in (tmp_path / "stderr").read_text()
 
