@@ -35,6 +35,20 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, nth: int) -> list[str]:
     return done
 
 
+def _revoke_a_cut_short(
+    root: Path, monkeypatch: pytest.MonkeyPatch, nth: int
+) -> tuple[certs.Issued, certs.Issued, list[str]]:
+    """A CA with devices a and b, then a revoke of a that crashes at its `nth` write."""
+    certs.init_ca(root)
+    a = certs.issue_device(root, "a")
+    b = certs.issue_device(root, "b")
+    with monkeypatch.context() as m:
+        steps = _crash_at(m, nth)
+        with pytest.raises(OSError, match="simulated crash"):
+            certs.revoke_device(root, "a")
+    return a, b, steps
+
+
 def _revoked(root: Path) -> set[int]:
     crl = x509.load_pem_x509_crl(certs.TLSDir(root).crl.read_bytes())
     return {r.serial_number for r in crl}
@@ -44,13 +58,7 @@ def _revoked(root: Path) -> set[int]:
 def test_a_revoke_cut_short_at_any_write_never_unrevokes_the_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int
 ) -> None:
-    certs.init_ca(tmp_path)
-    a = certs.issue_device(tmp_path, "a")
-    b = certs.issue_device(tmp_path, "b")
-    with monkeypatch.context() as m:
-        steps = _crash_at(m, nth)
-        with pytest.raises(OSError, match="simulated crash"):
-            certs.revoke_device(tmp_path, "a")
+    a, b, steps = _revoke_a_cut_short(tmp_path, monkeypatch, nth)
     assert len(steps) == nth  # the crash happened at the step asked for (the revoke writes two files)
     # the operator saw the revoke fail and runs it again; the CRL then lists the device either way
     with contextlib.suppress(certs.AlreadyExistsError):  # the index had it: the retry republished first
@@ -65,13 +73,7 @@ def test_a_revoke_cut_short_at_any_write_never_unrevokes_the_device(
 def test_a_revoke_cut_short_is_published_by_the_next_revoke_of_another_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int
 ) -> None:
-    certs.init_ca(tmp_path)
-    a = certs.issue_device(tmp_path, "a")
-    b = certs.issue_device(tmp_path, "b")
-    with monkeypatch.context() as m:
-        _crash_at(m, nth)
-        with pytest.raises(OSError):
-            certs.revoke_device(tmp_path, "a")
+    a, b, _ = _revoke_a_cut_short(tmp_path, monkeypatch, nth)
     listed = _revoked(tmp_path)
     revoked_a = next(d for d in certs.list_devices(tmp_path) if d.name == "a").revoked_at is not None
     certs.revoke_device(tmp_path, "b")  # no retry of "a": the next revoke is of someone else
