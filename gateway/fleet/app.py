@@ -56,7 +56,7 @@ async def route_body(request: AnyRequest, path: str, raw: bytes) -> Response[byt
     """A chat or completion body (from the client, or expanded from the edge link), routed."""
     fleet = _fleet(request)
     _, keys = await asyncio.to_thread(fleet.request_keys, path, raw)
-    salt = principal_of(request.state).cache_salt  # the worker partitions its cache by it
+    salt = fleet.config.cache_salt(principal_of(request.state).cache_salt)  # the workers' partition
     if salt is not None:
         keys = replace(keys, extra_key=salt_key(salt))
     out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER), salt)

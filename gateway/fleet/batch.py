@@ -33,7 +33,7 @@ def routed_executor(fleet: Fleet) -> Executor:
         try:
             stream, keys = await asyncio.to_thread(fleet.request_keys, endpoint, raw)
             refuse_stream(stream)
-            salt = Principal(owner).cache_salt  # the batch's owner: its workers' cache partition
+            salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
             if salt is not None:
                 keys = replace(keys, extra_key=salt_key(salt))
             answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt))

@@ -71,6 +71,12 @@ class FleetConfig:
     stable_version: str | None = None  # default: the version with the most weight
     # what the router presents to backends that name no key of their own: workers require one
     backend_key: str | None = field(default=None, repr=False)
+    # tenants reuse one another's cached prefixes on the workers (serve's --share-prefix-cache)
+    share_prefix_cache: bool = False
+
+    def cache_salt(self, salt: str | None) -> str | None:
+        """The salt a request whose tenant's own partition is `salt` runs under on the workers."""
+        return None if self.share_prefix_cache else salt
 
     def __post_init__(self) -> None:
         if not self.backends:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -43,6 +44,7 @@ def build_fleet_server(
     rng: random.Random | None = None,
 ) -> tuple[FleetServer, Fleet]:
     tokenizer, template = load_text_side(model)
+    fleet_config = replace(fleet_config, share_prefix_cache=config.share_prefix_cache)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
     batches = BatchRunner(

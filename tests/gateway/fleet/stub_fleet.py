@@ -32,9 +32,11 @@ class Running:
         return httpx.get(f"{self.url}/metrics").text
 
 
-def run_fleet(config: FleetConfig, seed: int = 0, data_dir: Path | None = None) -> Running:
+def run_fleet(
+    config: FleetConfig, seed: int = 0, data_dir: Path | None = None, share_prefix_cache: bool = False
+) -> Running:
     """`data_dir`: where its Batch API keeps files and batches (give one to any test that uses it)."""
-    gateway = GatewayConfig(port=0, data_dir=data_dir)
+    gateway = GatewayConfig(port=0, data_dir=data_dir, share_prefix_cache=share_prefix_cache)
     server, fleet = build_fleet_server(config, gateway, rng=random.Random(seed))
     thread = threading.Thread(target=server.run, daemon=True, name="fleet-gateway")
     thread.start()
