@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
-from gateway.fleet.config import FleetConfig, Policy, from_urls, load
+from gateway.backends.fleet.config import FleetConfig, Policy, from_urls, load
 
 
 def add_fleet_options(p: argparse.ArgumentParser) -> None:

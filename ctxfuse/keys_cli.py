@@ -1,6 +1,6 @@
-"""`ctxfuse keys`: tenants' API keys in the gateway's data directory (gateway/key_store.py). The
+"""`ctxfuse keys`: tenants' API keys in the gateway's data directory (gateway/access/keys.py). The
 secret is printed once, by `create` and `rotate`; lists show a key's id, never its secret. A running
-gateway on the same data directory sees a change within seconds (gateway/tenant_auth.py)."""
+gateway on the same data directory sees a change within seconds (gateway/access/auth.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.key_store import KeyStore
+    from gateway.access.keys import KeyStore
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -69,14 +69,14 @@ def _data_dir(p: argparse.ArgumentParser) -> None:
 
 
 def _store(args: argparse.Namespace) -> KeyStore:
+    from gateway.access.keys import KeyStore
     from gateway.config import GatewayConfig
-    from gateway.key_store import KeyStore
 
     return KeyStore(GatewayConfig(data_dir=args.data_dir).data / "keys.sqlite")
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
-    from gateway.key_store import KeyLimits
+    from gateway.access.keys import KeyLimits
 
     models = None if args.models is None else tuple(m.strip() for m in args.models.split(",") if m.strip())
     limits = KeyLimits(models=models, rpm=args.rpm, tpm=args.tpm, max_concurrent=args.max_concurrent)

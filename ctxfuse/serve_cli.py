@@ -97,7 +97,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"ctxfuse: {exc}", file=sys.stderr)
         return 2
     if fleet is not None:  # a router: no engine here, only the model's tokenizer
-        from gateway.fleet.serve import serve_fleet
+        from gateway.backends.fleet.serve import serve_fleet
 
         return serve_fleet(fleet, gateway, args.model)
     ensure_vision_files()

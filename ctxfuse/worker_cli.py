@@ -1,5 +1,5 @@
 """`ctxfuse worker`: one engine behind the OpenAI API and the internal routes a routing gateway reads
-(gateway/worker_routes.py). The engine options are serve's; so are the HTTP ones, but a worker listens
+(gateway/backends/worker.py). The engine options are serve's; so are the HTTP ones, but a worker listens
 on 8001 by default, beside a gateway on 8000."""
 
 from __future__ import annotations

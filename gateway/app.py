@@ -3,10 +3,10 @@
 Observe (request id, log line, http metrics) -> Authenticate (who calls: a tenant's key, the
 server's --api-key or an open server; per-key limits) -> Litestar
 
-The app's lifespan starts and stops the batch runner (batch_runner.py), which runs the Batch API's work.
+The app's lifespan starts and stops the batch runner (batch/runner.py), which runs the Batch API's work.
 
 In worker mode (`ctxfuse worker`) the app serves the OpenAI routes and the internal routes a routing
-gateway reads (worker_routes.py), and no Batch API: the gateway in front runs batches.
+gateway reads (backends/worker.py), and no Batch API: the gateway in front runs batches.
 
 The app does not own the backend: whoever made it stops it (server.serve), so several apps (tests)
 can share one engine.
@@ -19,20 +19,22 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
+from gateway.access.auth import Authenticate
+from gateway.access.keys import KeyStore
+from gateway.backends import worker as worker_routes
+from gateway.backends.engine import Backend
+from gateway.backends.worker import WorkerEngine
+from gateway.batch import routes as batch_routes
+from gateway.batch.executor import engine_executor
+from gateway.batch.runner import BatchRunner
+from gateway.config import GatewayConfig
+from gateway.errors import EXCEPTION_HANDLERS
+from gateway.openai import routes as openai_routes
+from gateway.ops import routes as ops_routes
+from gateway.ops.observe import Observe
+from gateway.ops.openapi import document_bodies
+from gateway.state import Gateway
 from shared.errors import CtxfuseError
-
-from . import batch_routes, openai_routes, ops_routes, worker_routes
-from .backend import Backend
-from .batch_exec import engine_executor
-from .batch_runner import BatchRunner
-from .config import GatewayConfig
-from .errors import EXCEPTION_HANDLERS
-from .key_store import KeyStore
-from .observe import Observe
-from .openapi import document_bodies
-from .state import Gateway
-from .tenant_auth import Authenticate
-from .worker_routes import WorkerEngine
 
 
 def create_app(
@@ -41,7 +43,7 @@ def create_app(
     gateway: Gateway | None = None,
     worker: WorkerEngine | None = None,
 ) -> tuple[ASGIApp, Gateway]:
-    """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge_server.py).
+    """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge/server.py).
     With `worker` (the engine behind `backend`), the app of `ctxfuse worker`."""
     if worker is not None and not config.api_key:
         raise CtxfuseError(

@@ -14,9 +14,8 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
+from gateway.encoding import encode
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError, QueueFullError
-
-from .encoding import encode
 
 log = structlog.get_logger("ctxfuse.gateway")
 

@@ -20,18 +20,17 @@ import uvicorn
 
 from cloud.engine.config import EngineConfig
 from cloud.model.registry import cache_dir
+from gateway.app import create_app
+from gateway.backends.engine import Backend, InProcessBackend
+from gateway.backends.process import ProcessBackend
+from gateway.backends.worker import WorkerEngine
+from gateway.config import GatewayConfig
+from gateway.edge.chunk_store import ChunkStore
+from gateway.ops.logs import configure_logging
+from gateway.state import Gateway
 from shared import conn_limits
 from shared.draining import DrainingServer
 from shared.keep_alive import SERVER_KEEP_ALIVE_S
-
-from .app import create_app
-from .backend import Backend, InProcessBackend
-from .chunk_store import ChunkStore
-from .config import GatewayConfig
-from .logs import configure_logging
-from .process_backend import ProcessBackend
-from .state import Gateway
-from .worker_routes import WorkerEngine
 
 log = structlog.get_logger("ctxfuse.gateway")
 
@@ -97,7 +96,7 @@ def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
         app,  # type: ignore[arg-type]
         host=config.host,
         port=config.port,
-        access_log=False,  # the gateway writes its own request lines (observe.py)
+        access_log=False,  # the gateway writes its own request lines (ops/observe.py)
         log_config=None,
         log_level=config.log_level,
         timeout_graceful_shutdown=int(config.shutdown_timeout_s),
@@ -131,7 +130,7 @@ def run_servers(server: GatewayServer) -> None:
     if server.gateway.config.edge_port is None:
         server.run()
         return
-    from .edge_server import build_edge_server
+    from gateway.edge.server import build_edge_server
 
     edge = build_edge_server(server.gateway)
     server.companions.append(edge)

@@ -6,19 +6,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gateway.access.limits import RateLimiter
+from gateway.backends.engine import Backend
+from gateway.config import GatewayConfig
+from gateway.edge.chunk_store import ChunkStore
+from gateway.errors import ServiceUnavailableError
+from gateway.openai.images import Images
+from gateway.openai.logprobs import TokenTexts
+from gateway.ops.metrics import Metrics
 from shared.errors import EngineDeadError, NotFoundError
 
-from .backend import Backend
-from .chunk_store import ChunkStore
-from .config import GatewayConfig
-from .errors import ServiceUnavailableError
-from .images import Images
-from .logprobs import TokenTexts
-from .metrics import Metrics
-from .rate_limits import RateLimiter
-
 if TYPE_CHECKING:
-    from .batch_runner import BatchRunner
+    from gateway.batch.runner import BatchRunner
 
 
 # the open requests' errors say why it stopped (the exit code, the exception); the log has the rest
@@ -39,7 +38,7 @@ class Gateway:
         # the Batch API's runner, one per process: made by the first app built over this state
         self.batches: BatchRunner | None = None
         self.images = Images(config.vision)  # image parts -> features, built on the first image
-        self.limiter = RateLimiter()  # per-key requests, tokens and in-flight counts (tenant_auth.py)
+        self.limiter = RateLimiter()  # per-key requests, tokens and in-flight counts (access/auth.py)
 
     def not_ready_reason(self) -> str | None:
         if not self.backend.is_alive():

@@ -7,7 +7,7 @@ for byte, and serves the request as if the app had called it directly. A request
 gateway lacks is answered 409 with the missing digests (MissingChunks); the agent sends them and
 retries once. Expanded (each digest counted as often as it is named, each text as often as the body
 puts it), a request may be no larger than a plain request to the gateway's OpenAI port: past that
-it is refused with 413 as it expands (gateway/edge_budget.py).
+it is refused with 413 as it expands (gateway/edge/budget.py).
 
 Long strings are marked with a msgpack extension type, so no JSON value an app sends can be mistaken
 for one.

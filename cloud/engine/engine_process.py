@@ -9,7 +9,7 @@ pickled. In the engine process the core steps on the main thread; a reader threa
 into AsyncEngine submissions (compiling a request's grammar first on a small pool, so a slow schema
 holds up neither the steps nor other commands). When the gateway goes away the pipe closes and the
 engine process ends; when the engine process dies the gateway fails every open request with an error
-and its health check turns red (gateway/process_backend.py).
+and its health check turns red (gateway/backends/process.py).
 """
 
 from __future__ import annotations

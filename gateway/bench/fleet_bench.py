@@ -24,13 +24,12 @@ import httpx
 from cloud.engine.config import LONG_PREFILL_TOKENS
 from cloud.model.loading import load_text_side
 from cloud.model.registry import fetch
-
-from ..fleet.config import Policy
-from .fleet_workload import workload
-from .worker_proc import WorkerProcess
+from gateway.backends.fleet.config import Policy
+from gateway.bench.fleet_workload import workload
+from gateway.bench.worker_proc import WorkerProcess
 
 if TYPE_CHECKING:
-    from .fleet_phase import PhaseResult
+    from gateway.bench.fleet_phase import PhaseResult
 
 POLICIES: tuple[Policy, ...] = ("random", "least-load", "prefix")
 SERVED_NAME = "fleet-bench"
@@ -184,7 +183,10 @@ class FleetBenchResult:
 
 
 def run(options: FleetBenchOptions) -> FleetBenchResult:
-    from .fleet_phase import PhaseSetup, run_phase  # the gateway's server stack: not for `--help`
+    from gateway.bench.fleet_phase import (  # the gateway's server stack: not for `--help`
+        PhaseSetup,
+        run_phase,
+    )
 
     model = options.model or fetch()
     tokenizer, _ = load_text_side(model)
@@ -226,7 +228,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ctxfuse: {exc}", file=sys.stderr)
         return 2
-    from ..logs import configure_logging
+    from gateway.ops.logs import configure_logging
 
     configure_logging("warning")  # the in-process gateways' request lines would bury the bench's own
     result = run(options)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 
-from ..config import GatewayConfig
-from ..fleet.config import BackendSpec, FleetConfig, Policy
-from ..fleet.fleet import Fleet
-from ..fleet.serve import build_fleet_server
-from .fleet_workload import Query
+from gateway.backends.fleet.config import BackendSpec, FleetConfig, Policy
+from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.serve import build_fleet_server
+from gateway.bench.fleet_workload import Query
+from gateway.config import GatewayConfig
 
 HEALTH_INTERVAL_S = 0.25  # block events are read this often: a prefix is known soon after its prefill
 _DECISION = re.compile(r'^ctxfuse_routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)$', re.M)

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.baseline import Recorded
+from gateway.bench.fake_engine import MODEL_NAME
+from gateway.bench.load import LoadResult, run_wrk, wrk_path
+from gateway.bench.serve import ServerProcess
 from shared.errors import CtxfuseError
-
-from .baseline import Recorded
-from .fake_engine import MODEL_NAME
-from .load import LoadResult, run_wrk, wrk_path
-from .serve import ServerProcess
 
 ROUTE = "/v1/chat/completions"
 WARMUP_S = 1.0

@@ -64,11 +64,10 @@ class ServerProcess:
 
 
 def _serve_gateway(port: int) -> None:
+    from gateway.bench.fake_engine import InstantBackend
     from gateway.config import GatewayConfig
-    from gateway.logs import configure_logging
+    from gateway.ops.logs import configure_logging
     from gateway.server import build_server
-
-    from .fake_engine import InstantBackend
 
     with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-gateway-") as data:  # never the user's data dir
         config = GatewayConfig(port=port, data_dir=Path(data))
@@ -77,11 +76,10 @@ def _serve_gateway(port: int) -> None:
 
 
 def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> None:
-    from gateway.chunk_store import ChunkStore
+    from gateway.bench.fake_engine import InstantBackend
     from gateway.config import GatewayConfig
+    from gateway.edge.chunk_store import ChunkStore
     from gateway.server import build_server, run_servers
-
-    from .fake_engine import InstantBackend
 
     config = GatewayConfig(
         port=port,
@@ -99,7 +97,7 @@ def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> No
 
 
 def _serve_baseline(port: int, recorded: Path) -> None:
-    from .baseline import BaselineApp, Recorded
+    from gateway.bench.baseline import BaselineApp, Recorded
 
     app = BaselineApp(Recorded.load(recorded))
     config = uvicorn.Config(app, host=HOST, port=port, access_log=False, log_config=None, lifespan="off")

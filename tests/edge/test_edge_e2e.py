@@ -26,10 +26,10 @@ from cloud.model.loading import LoadedModel
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.backend import InProcessBackend
-from gateway.chunk_store import ChunkStore
+from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
-from gateway.edge_server import build_edge_server
+from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.server import build_edge_server
 from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server, revoke_device
 

@@ -23,12 +23,12 @@ import uvicorn
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
 from gateway.bench.edge.pictures import encoded, traffic_light
 from gateway.bench.serve import free_port
-from gateway.chunk_store import ChunkStore
 from gateway.config import GatewayConfig
-from gateway.edge_server import build_edge_server
+from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.server import build_edge_server
 from gateway.state import Gateway
 
 from ..gateway.test_images_api import data_url, image_message

@@ -29,9 +29,9 @@ from edge.config import EdgeConfig
 from edge.forwarder import backoff_delay
 from edge.outbox import Outbox
 from edge.server import agent_uvicorn_config
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
-from gateway.edge_server import build_edge_server
+from gateway.edge.server import build_edge_server
 from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server
 from shared.dir_lock import DirInUse

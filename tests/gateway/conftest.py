@@ -17,7 +17,7 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backend import Backend, InProcessBackend
+from gateway.backends.engine import Backend, InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer, build_server
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.backend import InProcessBackend
-from gateway.batch_routes import MAX_FILE_BYTES
+from gateway.backends.engine import InProcessBackend
+from gateway.batch.routes import MAX_FILE_BYTES
 from gateway.config import GatewayConfig
 
 from .batches import chat_line, client_of, jsonl, lines_of, start, upload, wait

@@ -18,12 +18,12 @@ import openai
 import pytest
 
 from ctxfuse.cli import build_parser
-from gateway.backend import InProcessBackend
-from gateway.batch_exec import Answer
-from gateway.batch_runner import BatchRunner
-from gateway.batch_store import BatchStore
+from gateway.backends.engine import InProcessBackend
+from gateway.batch.executor import Answer
+from gateway.batch.files import Idem
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import BatchStore
 from gateway.config import GatewayConfig
-from gateway.file_store import Idem
 from shared.batch_protocol import Batch, BatchCreateRequest, ExpiresAfter, FileObject
 
 from .batches import chat_line, client_of, jsonl, lines_of, upload, wait

@@ -16,12 +16,12 @@ from typing import Any, cast
 
 import pytest
 
-from gateway import batch_runner
-from gateway.backend import InProcessBackend
-from gateway.batch_exec import Answer, engine_executor
-from gateway.batch_input import BatchItem, parse_batch_input
-from gateway.batch_runner import BatchRunner
-from gateway.batch_store import BatchStore
+from gateway.backends.engine import InProcessBackend
+from gateway.batch import runner as batch_runner
+from gateway.batch.executor import Answer, engine_executor
+from gateway.batch.input import BatchItem, parse_batch_input
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import BatchStore
 from gateway.config import GatewayConfig
 from gateway.server import build_server
 from gateway.state import Gateway

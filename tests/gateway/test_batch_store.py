@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway import file_store
-from gateway.batch_input import BatchItem, parse_batch_input
-from gateway.batch_store import BatchStore
-from gateway.file_store import KEY_REUSED, Idem
+from gateway.batch import files as file_store
+from gateway.batch.files import KEY_REUSED, Idem
+from gateway.batch.input import BatchItem, parse_batch_input
+from gateway.batch.store import BatchStore
 from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, FileObject
 
 CHAT = "/v1/chat/completions"

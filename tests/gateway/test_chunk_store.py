@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chunk_store import ChunkStore
+from gateway.edge.chunk_store import ChunkStore
 from shared.chunking import digest
 from shared.compression import ChunkError
 

@@ -17,7 +17,7 @@ import pytest
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.server import uvicorn_config
 from shared import certs

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.device_limit import DeviceLimit
+from gateway.edge.device_limit import DeviceLimit
 
 
 class Held:

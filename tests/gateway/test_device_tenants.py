@@ -22,10 +22,10 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
 from ctxfuse.cli import main
-from gateway.backend import InProcessBackend
-from gateway.chunk_store import ChunkStore
+from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
-from gateway.edge_server import build_edge_server
+from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.server import build_edge_server
 from gateway.state import Gateway
 from shared import certs
 from shared.chunking import digest

@@ -27,11 +27,11 @@ from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.encode import chunk_strings
 from edge.server import agent_uvicorn_config
-from gateway.backend import InProcessBackend
-from gateway.chunk_store import ChunkStore
+from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
-from gateway.edge_budget import max_refs
-from gateway.edge_server import build_edge_server
+from gateway.edge.budget import max_refs
+from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.server import build_edge_server
 from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server
 from shared.chunking import digest
@@ -42,7 +42,7 @@ from tests.edge.test_edge_e2e import ENGINE, MODEL, start  # truncate_middle: a 
 from tests.gateway.edge_rig import send_edge_request
 
 LIMIT = 2**20  # the gateway's max_body_bytes here: 1 MiB
-BIG = 64 * 1024  # the largest chunk the gateway takes (gateway/edge_link.py MAX_CHUNK_BYTES)
+BIG = 64 * 1024  # the largest chunk the gateway takes (gateway/edge/link.py MAX_CHUNK_BYTES)
 
 
 @dataclass

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.encode import chunk_strings
-from gateway.chunk_store import ChunkStore
-from gateway.edge_link import MissingChunksError, expand, store_new_chunks
+from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.link import MissingChunksError, expand, store_new_chunks
 from shared.edge_protocol import EdgeRequest
 from shared.errors import InvalidRequestError
 

@@ -25,7 +25,7 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
 
 from .conftest import ENGINE, GATEWAY, MODEL, Running, run_in_thread
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from edge.vision.features import VisionOptions
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
 from gateway.bench.edge.pictures import crossword, encoded, photo, traffic_light
 
 from .conftest import GATEWAY, MODEL, Running, run_in_thread

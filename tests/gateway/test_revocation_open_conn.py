@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
-from gateway.edge_server import EdgeServer, build_edge_server
+from gateway.edge.server import EdgeServer, build_edge_server
 from gateway.server import GatewayServer, build_server, serve_together
 from shared import certs
 from shared.conn_limits import ConnLimits

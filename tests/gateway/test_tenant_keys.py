@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.backend import InProcessBackend
-from gateway.key_store import KeyLimits, KeyStore
+from gateway.access.keys import KeyLimits, KeyStore
+from gateway.backends.engine import InProcessBackend
 
 from .conftest import GATEWAY, MODEL, Running, run_in_thread
 

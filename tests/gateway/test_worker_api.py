@@ -18,10 +18,10 @@ import openai
 import pytest
 
 from cloud.engine.block_pool import hash_block
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
+from gateway.backends.worker import MSGPACK, WorkerEngine
 from gateway.config import GatewayConfig
 from gateway.server import build_server
-from gateway.worker_routes import MSGPACK, WorkerEngine
 from shared.errors import CtxfuseError
 from shared.fleet_protocol import HASH_SCHEME, BlockEvents, WorkerState
 

@@ -8,11 +8,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cloud.bench.report import publish
+from gateway.bench.edge.images_cli import DEFAULT_OUT as IMAGES_OUT
+from gateway.bench.edge.images_cli import add_image_options, cmd_edge_images
+from gateway.bench.edge.run import EdgeBenchOptions, Report, run
 from shared.errors import CtxfuseError
-
-from .images_cli import DEFAULT_OUT as IMAGES_OUT
-from .images_cli import add_image_options, cmd_edge_images
-from .run import EdgeBenchOptions, Report, run
 
 DEFAULT_OUT = Path("bench-results/edge.json")
 
@@ -68,7 +67,7 @@ def table(r: Report) -> str:
 def cmd_edge(args: argparse.Namespace) -> int:
     if args.images:
         return cmd_edge_images(args)
-    from gateway.logs import configure_logging
+    from gateway.ops.logs import configure_logging
 
     try:
         options = EdgeBenchOptions(

@@ -16,10 +16,9 @@ from cloud.model.registry import fetch
 from cloud.model.tokenizer import Tokenizer
 from edge.vision.document import looks_like_document
 from edge.vision.ocr import OcrReader
+from gateway.bench.edge.document import document
+from gateway.bench.edge.pictures import document_page, link_pictures
 from shared.chunking import chunk_boundaries, reference_boundaries
-
-from .document import document
-from .pictures import document_page, link_pictures
 
 _In = TypeVar("_In")
 

@@ -25,14 +25,13 @@ from edge.vision.document import looks_like_document
 from edge.vision.encoder import Encoded, ImageEncoder, Precision, dequantize_embedding
 from edge.vision.features import ImagePipeline, VisionOptions
 from edge.vision.model_files import ensure
+from gateway.bench.edge.costs import CpuCosts, cpu_costs
+from gateway.bench.edge.pictures import JPEG_QUALITY, crossword, encoded, link_pictures, photo, traffic_light
+from gateway.bench.edge.rig import Rig, rig
+from gateway.bench.edge.run import ENGINE, MAX_TOKENS, chat_body
 from gateway.bench.fake_engine import MODEL_NAME
 from shared.batch_protocol import Batch, FileObject
 from shared.errors import CtxfuseError
-
-from .costs import CpuCosts, cpu_costs
-from .pictures import JPEG_QUALITY, crossword, encoded, link_pictures, photo, traffic_light
-from .rig import Rig, rig
-from .run import ENGINE, MAX_TOKENS, chat_body
 
 THREADS = 1  # onnxruntime intra-op threads: one small device core
 PRECISIONS: tuple[Precision, Precision] = ("fp32", "int8")

@@ -1,4 +1,4 @@
-"""`ctxfuse bench edge --images`: its own options and the printed table; the measuring is in images.py.
+"""`ctxfuse bench edge --images`: its own options and the printed table; the measuring is in openai/images.py.
 cli.py owns the `edge` parser and hands over when `--images` is given."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cloud.bench.report import publish
+from gateway.bench.edge.images import ImageBenchOptions, ImageReport, run
 from shared.errors import CtxfuseError
-
-from .images import ImageBenchOptions, ImageReport, run
 
 DEFAULT_OUT = Path("bench-results/edge-images.json")
 
@@ -115,7 +114,7 @@ def table(r: ImageReport) -> str:
 
 
 def cmd_edge_images(args: argparse.Namespace) -> int:
-    from gateway.logs import configure_logging
+    from gateway.ops.logs import configure_logging
 
     try:
         options = ImageBenchOptions(

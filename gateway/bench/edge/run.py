@@ -13,12 +13,11 @@ import msgspec
 from cloud.bench.structured_results import Spread, say, spread
 from cloud.model.registry import fetch
 from cloud.model.tokenizer import Tokenizer
+from gateway.bench.edge.document import document, questions
+from gateway.bench.edge.rig import Rig, rig
 from gateway.bench.fake_engine import MODEL_NAME
 from shared.chunking import digest, split
 from shared.errors import CtxfuseError
-
-from .document import document, questions
-from .rig import Rig, rig
 
 ROUTE = "/v1/chat/completions"
 MAX_TOKENS = 16

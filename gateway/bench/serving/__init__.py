@@ -49,6 +49,6 @@ exit status 2.
 
 from __future__ import annotations
 
-from .cli import add_serve_bench_parser
+from gateway.bench.serving.cli import add_serve_bench_parser
 
 __all__ = ["add_serve_bench_parser"]

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .options import (
+from gateway.bench.serving.options import (
     BUILT_IN_DATASETS,
     DEFAULT_OUTPUT_LEN,
     DEFAULT_SWEEP,
@@ -54,10 +54,9 @@ def options_from(args: argparse.Namespace) -> ServeBenchOptions:
 def cmd_serve_bench(args: argparse.Namespace) -> int:
     """0 when the bench ran (some requests may have failed: the table says so), 1 when no request
     completed at all, 2 when it could not start (bad options, no server, no dataset)."""
+    from gateway.bench.serving.report import notes, table, write
+    from gateway.bench.serving.runner import run
     from shared.errors import CtxfuseError
-
-    from .report import notes, table, write
-    from .runner import run
 
     try:
         options = options_from(args)

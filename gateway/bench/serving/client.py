@@ -14,12 +14,11 @@ import time
 import httpx
 import msgspec
 
+from gateway.bench.serving.chunks import error_message
+from gateway.bench.serving.dataset import Prompt
+from gateway.bench.serving.options import Endpoint
+from gateway.bench.serving.stream import RequestRecord, StreamReader
 from shared.errors import CtxfuseError
-
-from .chunks import error_message
-from .dataset import Prompt
-from .options import Endpoint
-from .stream import RequestRecord, StreamReader
 
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TIMEOUT = httpx.Timeout(connect=30.0, read=600.0, write=60.0, pool=600.0)  # a long prefill is no error

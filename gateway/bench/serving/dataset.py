@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from .options import DEFAULT_OUTPUT_LEN, ServeBenchOptions
+from gateway.bench.serving.options import DEFAULT_OUTPUT_LEN, ServeBenchOptions
 
 _WORD_TEXT = """the of and to in is was for on that with as by at from his her they this have are not but had
     which one all were when there can an been has more their if will would into time only new some
@@ -81,6 +81,6 @@ def build_prompts(options: ServeBenchOptions, n: int) -> list[Prompt]:
         return random_prompts(n, options.input_len, output_len, options.range_ratio, options.seed)
     if options.dataset == "long-doc":
         return long_doc_prompts(n, options.input_len, output_len, options.seed)
-    from .sharegpt import file_prompts
+    from gateway.bench.serving.sharegpt import file_prompts
 
     return file_prompts(Path(options.dataset), n, options.output_len, options.seed)

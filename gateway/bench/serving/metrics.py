@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .stream import RequestRecord
+from gateway.bench.serving.stream import RequestRecord
 
 
 def percentile(values: Sequence[float], q: float) -> float:

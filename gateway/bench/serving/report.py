@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from .metrics import RunFigures, Stats
-from .runner import BenchResult
+from gateway.bench.serving.metrics import RunFigures, Stats
+from gateway.bench.serving.runner import BenchResult
 
 HEADER = (
     "| server | model | concurrency | rate (req/s) | ok / failed | duration (s) | req/s | output tok/s "

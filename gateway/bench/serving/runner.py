@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 import httpx
 import msgspec
 
-from .client import Target, make_client, request_body, resolve_model, send
-from .dataset import Prompt, build_prompts
-from .metrics import RunFigures, summarise
-from .options import ServeBenchOptions
-from .stream import RequestRecord
+from gateway.bench.serving.client import Target, make_client, request_body, resolve_model, send
+from gateway.bench.serving.dataset import Prompt, build_prompts
+from gateway.bench.serving.metrics import RunFigures, summarise
+from gateway.bench.serving.options import ServeBenchOptions
+from gateway.bench.serving.stream import RequestRecord
 
 
 class BenchResult(msgspec.Struct, frozen=True):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from .dataset import Prompt
+from gateway.bench.serving.dataset import Prompt
 
 HUMAN = frozenset({"human", "user"})
 ASSISTANT = frozenset({"gpt", "assistant", "chatgpt", "bard", "model"})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from .chunks import Chunk, error_message, read_chunk
+from gateway.bench.serving.chunks import Chunk, error_message, read_chunk
 
 
 class RequestRecord(msgspec.Struct, frozen=True):

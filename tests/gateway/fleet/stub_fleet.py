@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import openai
 
+from gateway.backends.fleet.config import BackendSpec, FleetConfig
+from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.serve import build_fleet_server
 from gateway.config import GatewayConfig
-from gateway.fleet.config import BackendSpec, FleetConfig
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.serve import build_fleet_server
 
 from .openai_stub import StubServer
 

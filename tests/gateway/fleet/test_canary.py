@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.fleet.canary import CanaryController, CanaryPolicy, Rollback, VersionWindow
+from gateway.backends.fleet.canary import CanaryController, CanaryPolicy, Rollback, VersionWindow
 
 
 class Clock:

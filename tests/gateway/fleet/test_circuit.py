@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.circuit import CircuitBreaker, CircuitState
+from gateway.backends.fleet.circuit import CircuitBreaker, CircuitState
 
 
 class Clock:

@@ -8,7 +8,7 @@ import pytest
 
 from ctxfuse.cli import build_parser
 from ctxfuse.fleet_cli import fleet_config
-from gateway.fleet.config import load
+from gateway.backends.fleet.config import load
 
 FILE = """
 [routing]

@@ -20,10 +20,10 @@ import uvicorn
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.chunk_store import ChunkStore
+from gateway.backends.fleet.edge import build_fleet_edge_server
+from gateway.backends.fleet.serve import build_fleet_server
 from gateway.config import GatewayConfig
-from gateway.fleet.edge import build_fleet_edge_server
-from gateway.fleet.serve import build_fleet_server
+from gateway.edge.chunk_store import ChunkStore
 from gateway.server import serve_together
 from shared.certs import init_ca, issue_device, issue_server
 

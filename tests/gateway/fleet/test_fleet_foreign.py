@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.fleet.canary import CanaryPolicy
+from gateway.backends.fleet.canary import CanaryPolicy
 
 from .openai_stub import StubServer
 from .stub_fleet import fleet_of, run_fleet

@@ -10,9 +10,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.backend import InProcessBackend
-from gateway.fleet.config import BackendSpec, FleetConfig
-from gateway.key_store import KeyStore
+from gateway.access.keys import KeyStore
+from gateway.backends.engine import InProcessBackend
+from gateway.backends.fleet.config import BackendSpec, FleetConfig
 
 from ..conftest import MODEL
 from .stub_fleet import Running, run_fleet

@@ -16,12 +16,12 @@ import httpx
 import openai
 import pytest
 
+from gateway.backends.fleet.config import BackendSpec, FleetConfig
+from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.proxy import BACKEND_HEADER
+from gateway.backends.fleet.serve import build_fleet_server
 from gateway.bench.worker_proc import WorkerProcess
 from gateway.config import GatewayConfig
-from gateway.fleet.config import BackendSpec, FleetConfig
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.proxy import BACKEND_HEADER
-from gateway.fleet.serve import build_fleet_server
 
 from ..batches import chat_line, lines_of, start, wait
 

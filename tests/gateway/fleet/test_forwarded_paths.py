@@ -17,11 +17,11 @@ import openai
 import pytest
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from gateway.backend import InProcessBackend
+from gateway.backends.engine import InProcessBackend
+from gateway.backends.fleet.config import BackendSpec, FleetConfig
+from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
-from gateway.fleet.config import BackendSpec, FleetConfig
 from gateway.server import GatewayServer, build_server
-from gateway.worker_routes import WorkerEngine
 
 from ..conftest import MODEL
 from ..raw_http import get_raw_path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.index import PrefixIndex
+from gateway.backends.fleet.index import PrefixIndex
 
 
 def keys(*names: str) -> list[bytes]:

@@ -7,9 +7,9 @@ import msgspec
 
 from cloud.engine.block_pool import hash_block
 from cloud.model.loading import load_text_side
-from gateway import chat, structured
-from gateway.backend import InProcessBackend
-from gateway.fleet.keys import TEXT_CHUNK_CHARS, KeyMaker
+from gateway.backends.engine import InProcessBackend
+from gateway.backends.fleet.keys import TEXT_CHUNK_CHARS, KeyMaker
+from gateway.openai import chat, structured
 from shared.protocol import ChatCompletionRequest
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from gateway.fleet.backend import FleetBackend
-from gateway.fleet.circuit import CircuitBreaker
-from gateway.fleet.config import BackendSpec
-from gateway.fleet.policy import choose
+from gateway.backends.fleet.backend import FleetBackend
+from gateway.backends.fleet.circuit import CircuitBreaker
+from gateway.backends.fleet.config import BackendSpec
+from gateway.backends.fleet.policy import choose
 from shared.fleet_protocol import WorkerLoad
 
 

@@ -1,0 +1,1 @@
+"""Who calls and how much: tenants' API keys, the authentication middleware, per-key limits."""

@@ -1,0 +1,211 @@
+"""Per-key limits, enforced before dispatch: requests per minute, tokens per minute and requests in
+flight (gateway/access/keys.py holds each key's numbers).
+
+Requests and tokens are counted over a sliding 60-second window. A request's tokens are reserved as
+prompt + max_tokens when it is dispatched and settled to what it really used (prompt + completion)
+when it ends, so a burst cannot overrun the minute by asking for more than it then generates, and a
+short answer gives its unused reservation back. A refusal says which limit and when a retry can
+pass (`Retry-After`); every answer carries OpenAI's `x-ratelimit-*` headers for its key.
+
+All state lives on the event loop's thread (no locks): admit, reserve, settle and release are called
+from request handlers and middleware only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from cloud.engine.output import RequestOutput
+from gateway.access.keys import ApiKey
+from gateway.backends.engine import Generation
+
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """A refusal: the limit that was hit, a message for the client and seconds until a retry fits."""
+
+    limit: str  # "requests" | "tokens" | "concurrency"
+    message: str
+    retry_after_s: float
+
+
+@dataclass(slots=True)
+class _Usage:
+    requests: deque[float] = field(default_factory=deque)  # admission times in the window
+    tokens: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens) in the window
+    token_sum: int = 0
+    in_flight: int = 0
+
+    def expire(self, now: float) -> None:
+        while self.requests and self.requests[0] <= now - WINDOW_S:
+            self.requests.popleft()
+        while self.tokens and self.tokens[0][0] <= now - WINDOW_S:
+            self.token_sum -= self.tokens.popleft()[1]
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request: released once (its in-flight slot), its tokens settled once."""
+
+    key_id: str
+    reserved: int = 0
+    reserved_at: float = 0.0
+    released: bool = False
+
+
+class RateLimiter:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._usage: dict[str, _Usage] = {}
+
+    def _of(self, key: ApiKey) -> _Usage:
+        usage = self._usage.setdefault(key.id, _Usage())
+        usage.expire(self._clock())
+        return usage
+
+    def admit(self, key: ApiKey) -> Ticket | Limited:
+        """Count a new request against the key's requests per minute and in-flight limits."""
+        now = self._clock()
+        usage, lim = self._of(key), key.limits
+        if lim.max_concurrent is not None and usage.in_flight >= lim.max_concurrent:
+            return Limited(
+                "concurrency",
+                f"this key may have {lim.max_concurrent} requests in flight; wait for one to finish",
+                1.0,
+            )
+        if lim.rpm is not None and len(usage.requests) >= lim.rpm:
+            wait = usage.requests[0] + WINDOW_S - now
+            return Limited("requests", f"rate limit of {lim.rpm} requests per minute reached", wait)
+        usage.requests.append(now)
+        usage.in_flight += 1
+        return Ticket(key.id)
+
+    def reserve(self, key: ApiKey, ticket: Ticket, tokens: int) -> Limited | None:
+        """Reserve a request's most tokens (prompt + max_tokens) against tokens per minute."""
+        tpm = key.limits.tpm
+        if tpm is None:
+            return None
+        if tokens > tpm:
+            return Limited(
+                "tokens",
+                f"the request may use {tokens} tokens (prompt + max_tokens), more than this key's "
+                f"{tpm} tokens per minute; lower max_tokens or shorten the prompt",
+                WINDOW_S,
+            )
+        now = self._clock()
+        usage = self._of(key)
+        if usage.token_sum + tokens > tpm:
+            return Limited(
+                "tokens",
+                f"rate limit of {tpm} tokens per minute reached ({usage.token_sum} used or reserved, "
+                f"this request may use {tokens})",
+                _tokens_free_in(usage, tpm - tokens, now),
+            )
+        usage.tokens.append((now, tokens))
+        usage.token_sum += tokens
+        ticket.reserved, ticket.reserved_at = tokens, now
+        return None
+
+    def settle(self, ticket: Ticket, used: int) -> None:
+        """Replace the reservation with the tokens the request really used (once)."""
+        usage = self._usage.get(ticket.key_id)
+        if usage is None or not ticket.reserved:
+            return
+        for i, (at, n) in enumerate(usage.tokens):
+            if at == ticket.reserved_at and n == ticket.reserved:
+                usage.tokens[i] = (at, used)
+                usage.token_sum += used - n
+                break
+        ticket.reserved = 0
+
+    def release(self, ticket: Ticket) -> None:
+        """The request ended: free its in-flight slot (once)."""
+        if ticket.released:
+            return
+        ticket.released = True
+        usage = self._usage.get(ticket.key_id)
+        if usage is not None:
+            usage.in_flight -= 1
+
+    def headers(self, key: ApiKey) -> list[tuple[bytes, bytes]]:
+        """OpenAI's x-ratelimit-* headers for the key's limits (none for an unlimited key)."""
+        now = self._clock()
+        usage, lim = self._of(key), key.limits
+        out: list[tuple[bytes, bytes]] = []
+        if lim.rpm is not None:
+            reset = usage.requests[0] + WINDOW_S - now if usage.requests else 0.0
+            out += _triple("requests", lim.rpm, lim.rpm - len(usage.requests), reset)
+        if lim.tpm is not None:
+            reset = usage.tokens[0][0] + WINDOW_S - now if usage.tokens else 0.0
+            out += _triple("tokens", lim.tpm, lim.tpm - usage.token_sum, reset)
+        return out
+
+
+def _tokens_free_in(usage: _Usage, room: int, now: float) -> float:
+    """Seconds until the window's total falls to `room` or below, as its oldest entries expire."""
+    total = usage.token_sum
+    for at, n in usage.tokens:
+        if total <= room:
+            break
+        total -= n
+        wait = at + WINDOW_S - now
+        if total <= room:
+            return max(wait, 0.0)
+    return 0.0
+
+
+def _triple(kind: str, limit: int, remaining: int, reset_s: float) -> list[tuple[bytes, bytes]]:
+    return [
+        (f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
+        (f"x-ratelimit-remaining-{kind}".encode(), str(max(remaining, 0)).encode()),
+        (f"x-ratelimit-reset-{kind}".encode(), f"{max(math.ceil(reset_s), 0)}s".encode()),
+    ]
+
+
+class SettleOnClose:
+    """The generations of one request, wrapped so that the tokens they produce are counted and the
+    key's reservation is settled to prompt + those tokens once every one of them is closed (every
+    route closes its generations when the response ends, streamed or not)."""
+
+    def __init__(self, limiter: RateLimiter, ticket: Ticket, prompt_tokens: int) -> None:
+        self._limiter = limiter
+        self._ticket = ticket
+        self._used = prompt_tokens
+        self._open = 0
+
+    def wrap(self, gen: Generation) -> Generation:
+        self._open += 1
+        return _Counted(gen, self)
+
+    def _count(self, tokens: int) -> None:
+        self._used += tokens
+
+    def _closed(self) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self._limiter.settle(self._ticket, self._used)
+
+
+class _Counted:
+    def __init__(self, gen: Generation, meter: SettleOnClose) -> None:
+        self.request_id = gen.request_id
+        self._gen = gen
+        self._meter = meter
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        async for out in self._gen:
+            self._meter._count(len(out.token_ids))
+            yield out
+
+    def close(self) -> None:
+        self._gen.close()
+        if not self._closed:
+            self._closed = True
+            self._meter._closed()

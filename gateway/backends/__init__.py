@@ -1,0 +1,1 @@
+"""What answers the OpenAI routes: the engine (in this process or a child), a worker's routes, the fleet."""

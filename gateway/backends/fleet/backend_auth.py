@@ -1,0 +1,26 @@
+"""The router's credential at each backend: every request the fleet's HTTP client sends to a backend
+(proxied work, health checks, block-event polls) carries `Authorization: Bearer KEY`, the backend's
+own key or else the fleet's `backend_key`. Workers require it (gateway/app.py), so their /internal
+routes are never open to whoever reaches them; a foreign OpenAI-compatible server gets its own key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import httpx
+
+from gateway.backends.fleet.config import FleetConfig
+
+
+class BackendAuth(httpx.Auth):
+    def __init__(self, config: FleetConfig) -> None:
+        self._keys = [(spec.url, spec.api_key or config.backend_key) for spec in config.backends]
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        url = str(request.url)
+        for base, key in self._keys:
+            if key and (url == base or url.startswith(base + "/")):
+                request.headers["Authorization"] = f"Bearer {key}"
+                break
+        yield request

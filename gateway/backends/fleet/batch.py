@@ -1,0 +1,50 @@
+"""The Batch API in fleet mode: the batch runner (gateway/batch/runner.py) runs each request of a
+batch through the same routing as a live one (keys, policy, canary, failover), whole rather than
+streamed, and stores the backend's answer as the line's response.
+
+A request that no backend could take (all down, all answering 5xx or 429) is not failed: the runner
+retries it later, so a batch outlives an outage of the whole fleet. A backend's 4xx is the line's
+answer, as the route would have given it. Backends run batch requests at their normal priority; the
+runner's concurrency (a few at a time) is what keeps a batch from crowding out live traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import cast
+
+from litestar.response import Stream
+
+from cloud.engine.block_pool import salt_key
+from gateway.access.auth import Principal
+from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.proxy import Outgoing, forward
+from gateway.batch.executor import Answer, Executor, refuse_stream
+from gateway.encoding import encode
+from gateway.errors import ServiceUnavailableError
+from shared.errors import CtxfuseError
+
+
+def routed_executor(fleet: Fleet) -> Executor:
+    async def execute(endpoint: str, raw: bytes, rid: str, priority: int, owner: str) -> Answer:
+        try:
+            stream, keys = await asyncio.to_thread(fleet.request_keys, endpoint, raw)
+            refuse_stream(stream)
+            salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
+            if salt is not None:
+                keys = replace(keys, extra_key=salt_key(salt))
+            answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt))
+        except ServiceUnavailableError:
+            raise  # no backend took it: the runner tries again later
+        except CtxfuseError as exc:
+            return Answer(exc.status, encode(exc.to_openai()))
+        if isinstance(answer, Stream):  # a backend that streams what was asked whole: read it to its
+            async for _ in cast(AsyncIterator[bytes], answer.iterator):  # end, which also settles
+                pass  # the backend's count of work
+            why = "the backend streamed a response asked for whole"
+            return Answer(502, encode(CtxfuseError(why).to_openai()))
+        return Answer(answer.status_code or 200, answer.content)
+
+    return execute

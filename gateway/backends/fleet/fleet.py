@@ -1,0 +1,132 @@
+"""The fleet's state in one gateway process: its backends, the prefix index, the canary controller,
+the HTTP client they are reached with, and the metrics. Routes and the health task share it."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import structlog
+
+from cloud.model.chat_template import ChatTemplate
+from cloud.model.tokenizer import Tokenizer
+from gateway.backends.fleet.backend import FleetBackend
+from gateway.backends.fleet.backend_auth import BackendAuth
+from gateway.backends.fleet.canary import CanaryController, Rollback
+from gateway.backends.fleet.circuit import CircuitBreaker, CircuitState, OnChange
+from gateway.backends.fleet.config import FleetConfig
+from gateway.backends.fleet.index import PrefixIndex
+from gateway.backends.fleet.keys import KeyMaker, RequestKeys
+from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
+from gateway.openai.decode import decode_body
+from shared.keep_alive import ROUTER_KEEP_ALIVE_S
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+
+log = structlog.get_logger("ctxfuse.fleet")
+
+READ_TIMEOUT_S = 600.0  # a long generation may take minutes before its whole (non-streamed) answer
+
+
+class Fleet:
+    def __init__(
+        self,
+        config: FleetConfig,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        metrics: FleetMetrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.rng = rng or random.Random()
+        self.keys = KeyMaker(tokenizer, template)
+        self.index = PrefixIndex(config.index_blocks)
+        self.canary = CanaryController(config.version_weights, config.canary, stable=config.stable_version)
+        self.backends = [
+            FleetBackend(
+                spec,
+                CircuitBreaker(
+                    config.failures_to_open, config.cooldown_s, on_change=self._circuit_logger(spec.name)
+                ),
+                kind=None if spec.kind == "auto" else spec.kind,
+            )
+            for spec in config.backends
+        ]
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=config.connect_timeout_s)
+        # trust_env off: backends are addressed as configured, never through a proxy from the environment
+        self.client = httpx.AsyncClient(
+            timeout=timeout,
+            trust_env=False,
+            auth=BackendAuth(config),
+            limits=httpx.Limits(max_connections=None, keepalive_expiry=ROUTER_KEEP_ALIVE_S),
+        )
+        for version in self.canary.versions:
+            self._export_version(version)
+
+    def _circuit_logger(self, name: str) -> OnChange:
+        def changed(old: CircuitState, new: CircuitState) -> None:
+            log.warning("circuit", backend=name, old=old, new=new)
+            self.metrics.circuit.labels(backend=name).set(CIRCUIT_VALUE[new])
+
+        return changed
+
+    def _export_version(self, version: str) -> None:
+        self.metrics.canary_state.labels(version=version).set(CANARY_VALUE[self.canary.state(version)])
+        self.metrics.canary_weight.labels(version=version).set(self.canary.weights.get(version, 0.0))
+
+    def record_outcome(self, backend: FleetBackend, ok: bool, latency_s: float) -> None:
+        """A request's fate, for the circuit (passive health) and the canary."""
+        if ok:
+            backend.circuit.record_success()
+        else:
+            backend.circuit.record_failure()
+        rollback = self.canary.record(backend.spec.version, ok, latency_s)
+        if rollback is not None:
+            self._rolled_back(rollback)
+
+    def _rolled_back(self, rollback: Rollback) -> None:
+        log.error(
+            "canary_rolled_back", version=rollback.version, reason=rollback.describe(self.canary.policy)
+        )
+        self.metrics.rollbacks.labels(version=rollback.version).inc()
+        self._export_version(rollback.version)
+
+    def request_keys(self, path: str, raw: bytes) -> tuple[bool, RequestKeys]:
+        """(whether it asks for a stream, its prefix keys) from a chat or completion body as the
+        client sent it; a bad body is our 400, not a backend's. It tokenizes: call it off the loop."""
+        token_keys = any(b.reports_blocks for b in self.backends)  # else tokenizing is wasted work
+        if path == "/v1/chat/completions":
+            chat = decode_body(raw, ChatCompletionRequest)
+            return bool(chat.stream), self.keys.chat(chat, token_keys)
+        completion = decode_body(raw, CompletionRequest)
+        return bool(completion.stream), self.keys.completion(completion, token_keys)
+
+    def in_version(self, version: str | None) -> list[FleetBackend]:
+        return [b for b in self.backends if version is None or b.spec.version == version]
+
+    def match(self, keys: RequestKeys, backends: list[FleetBackend]) -> tuple[dict[str, int], dict[str, int]]:
+        """(leading keys each backend holds, the request's key count in that backend's scheme)."""
+        matched: dict[str, int] = {}
+        total: dict[str, int] = {}
+        by_scheme: dict[int | None, list[FleetBackend]] = {}
+        for b in backends:
+            by_scheme.setdefault(b.block_size if b.reports_blocks else None, []).append(b)
+        for block_size, group in by_scheme.items():
+            chain = keys.text_chunks() if block_size is None else keys.blocks(block_size)
+            counts = self.index.matched(chain, [b.name for b in group])
+            for b in group:
+                matched[b.name], total[b.name] = counts[b.name], len(chain)
+        return matched, total
+
+    def remember(self, backend: FleetBackend, keys: RequestKeys) -> None:
+        """What was just sent there will be held there: a worker's events confirm or correct it."""
+        chain = (
+            keys.blocks(backend.block_size)
+            if backend.reports_blocks and backend.block_size
+            else keys.text_chunks()
+        )
+        self.index.add(backend.name, chain)
+        self.metrics.index_keys.set(len(self.index))
+
+    async def close(self) -> None:
+        await self.client.aclose()

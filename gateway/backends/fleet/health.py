@@ -1,0 +1,109 @@
+"""Active health checks, and the block events of ctxfuse workers: one task per gateway that asks
+every backend every `health_interval_s`.
+
+- A ctxfuse worker answers `GET /internal/v1/state` (its load, whether it drains, its epoch) and
+  `GET /internal/v1/blocks` (prefix-cache events since our cursor). A new epoch means the worker
+  restarted: everything the index held for it is dropped before its new events are read.
+- Any other server is asked `GET /v1/models`.
+- `kind = "auto"` is settled by the first answer: a state route means ctxfuse, a 404 there means a
+  plain OpenAI-compatible server.
+
+A check that gets no answer (or a 5xx) trips the backend's circuit at once (and again each time,
+so its cool-down runs from the last failed check). A check that succeeds does not close a circuit:
+once the cool-down has passed, the next request is the probe that does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import msgspec
+import structlog
+
+from gateway.backends.fleet.backend import FleetBackend
+from gateway.backends.fleet.fleet import Fleet
+from shared.fleet_protocol import HASH_SCHEME, BlockEvents, WorkerState
+
+log = structlog.get_logger("ctxfuse.fleet")
+
+CHECK_TIMEOUT_S = 2.0
+
+
+class Unhealthy(Exception):
+    pass
+
+
+async def _get(fleet: Fleet, b: FleetBackend, path: str, **params: str | int) -> httpx.Response:
+    try:
+        resp = await fleet.client.get(f"{b.url}{path}", params=params, timeout=CHECK_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise Unhealthy(f"{type(exc).__name__}: {exc}") from None
+    if resp.status_code >= 500:
+        raise Unhealthy(f"{path} answered {resp.status_code}")
+    return resp
+
+
+async def _check_worker(fleet: Fleet, b: FleetBackend) -> bool:
+    """True if `b` is a ctxfuse worker (state read, events applied); False if it has no state route."""
+    resp = await _get(fleet, b, "/internal/v1/state")
+    if resp.status_code == 404:
+        return False
+    try:
+        state = msgspec.json.decode(resp.content, type=WorkerState)
+    except msgspec.DecodeError as exc:
+        raise Unhealthy(f"state is not readable: {exc}") from None
+    b.reported, b.draining = state.load, state.draining
+    if state.hash_scheme != HASH_SCHEME:  # another hash: its blocks cannot be matched, only balanced
+        b.block_size = None
+        return True
+    b.block_size = state.block_size
+    if state.epoch != b.epoch:
+        if b.epoch is not None:
+            log.info("worker_restarted", backend=b.name, epoch=state.epoch)
+        fleet.index.forget(b.name)
+        b.epoch, b.next_event = state.epoch, 0
+    await _read_events(fleet, b, state.epoch)
+    return True
+
+
+async def _read_events(fleet: Fleet, b: FleetBackend, epoch: str) -> None:
+    resp = await _get(fleet, b, "/internal/v1/blocks", epoch=epoch, since=b.next_event)
+    try:
+        events = msgspec.msgpack.decode(resp.content, type=BlockEvents)
+    except msgspec.DecodeError as exc:
+        raise Unhealthy(f"block events are not readable: {exc}") from None
+    if events.reset or events.epoch != b.epoch:
+        fleet.index.forget(b.name)
+        b.epoch = events.epoch
+    fleet.index.remove(b.name, events.evicted)
+    fleet.index.add(b.name, events.stored)
+    b.next_event = events.next_event
+    fleet.metrics.index_keys.set(len(fleet.index))
+
+
+async def check(fleet: Fleet, b: FleetBackend) -> None:
+    try:
+        if b.kind in (None, "ctxfuse") and await _check_worker(fleet, b):
+            b.kind = "ctxfuse"
+        else:
+            resp = await _get(fleet, b, "/v1/models")
+            if resp.status_code != 200:
+                raise Unhealthy(f"/v1/models answered {resp.status_code}")
+            b.kind = b.kind or "openai"
+    except Unhealthy as exc:
+        if b.reachable:
+            log.warning("backend_unhealthy", backend=b.name, reason=str(exc))
+        b.reachable = False
+        b.circuit.trip(f"health check: {exc}")
+        return
+    if not b.reachable:
+        log.info("backend_reachable", backend=b.name)
+    b.reachable = True
+
+
+async def run_checks(fleet: Fleet) -> None:
+    """Forever, every health_interval_s: all backends at once."""
+    while True:
+        await asyncio.gather(*(check(fleet, b) for b in fleet.backends))
+        await asyncio.sleep(fleet.config.health_interval_s)

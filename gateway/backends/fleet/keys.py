@@ -1,0 +1,89 @@
+"""The prefix keys of a request, as the router matches them.
+
+- For ctxfuse workers: the engine's own chained block hashes of the prompt (cloud/engine/block_pool.py
+  `hash_block` over `block_size`-token blocks), from the same chat template and tokenizer the worker
+  uses, so a key names exactly a KV block a worker may hold. Image spans are left out: a prompt with
+  images matches up to its first image's block (the worker mixes the image hash in from there).
+- For other OpenAI-compatible servers, which report nothing: hashes of the prompt's text in fixed
+  chunks, chained the same way; the gateway learns who holds them from where it sent them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from cloud.engine.block_pool import hash_block
+from cloud.engine.prompt import render_chat_prompt
+from cloud.model.chat_template import ChatTemplate
+from cloud.model.tokenizer import Tokenizer
+from gateway.openai import chat, structured
+from shared.errors import CtxfuseError
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+
+TEXT_CHUNK_CHARS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKeys:
+    token_ids: list[int]  # the prompt (of the first prompt, for a completion with several)
+    text: str  # the prompt's text, for text-chunk keys
+    extra_key: bytes = b""  # the tenant's cache salt, as the worker mixes it in (block_pool.salt_key)
+    # each chain is hashed once per request: matching and recording both read it
+    _chains: dict[int, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
+
+    def blocks(self, block_size: int) -> list[bytes]:
+        hashes = self._chains.get(block_size)
+        if hashes is None:
+            hashes, parent = [], None
+            for i in range(len(self.token_ids) // block_size):
+                block = self.token_ids[i * block_size : (i + 1) * block_size]
+                parent = hash_block(parent, block, self.extra_key)
+                hashes.append(parent)
+            self._chains[block_size] = hashes
+        return hashes
+
+    def text_chunks(self) -> list[bytes]:
+        out = self._chains.get(0)  # 0: no block size has it
+        if out is None:
+            out, h = [], hashlib.blake2b(digest_size=16)
+            for i in range(len(self.text) // TEXT_CHUNK_CHARS):
+                h.update(
+                    self.text[i * TEXT_CHUNK_CHARS : (i + 1) * TEXT_CHUNK_CHARS].encode("utf-8", "replace")
+                )
+                out.append(h.copy().digest())  # chained: a chunk's key names all the text before it
+            self._chains[0] = out
+        return out
+
+
+class KeyMaker:
+    """Prompt keys from the model's tokenizer and chat template (no weights)."""
+
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+
+    def chat(self, req: ChatCompletionRequest, ctxfuse_backends: bool) -> RequestKeys:
+        """`ctxfuse_backends`: some candidate reports blocks (else tokenizing is wasted work)."""
+        text = "\n".join(f"{m.role}: {_text(m.content)}" for m in req.messages)
+        if not ctxfuse_backends:
+            return RequestKeys([], text)
+        try:
+            _, tools = structured.tools_structure(req, False)
+            messages = chat.message_dicts(req.messages)
+            prompt = render_chat_prompt(self.template, self.tokenizer, messages, tools.tools, tools.choice)
+        except CtxfuseError:  # the backend will refuse it with the right error; route it by its text
+            return RequestKeys([], text)
+        return RequestKeys(prompt.token_ids, text)
+
+    def completion(self, req: CompletionRequest, ctxfuse_backends: bool) -> RequestKeys:
+        p = req.prompt
+        text = p if isinstance(p, str) else p[0] if p and isinstance(p[0], str) else ""
+        ids = self.tokenizer.encode(text, add_special=True) if text and ctxfuse_backends else []
+        return RequestKeys(ids, text)
+
+
+def _text(content: object) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.text or "" for p in content if getattr(p, "text", None) is not None)
+    return content if isinstance(content, str) else ""

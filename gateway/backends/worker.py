@@ -1,0 +1,76 @@
+"""The internal routes of `ctxfuse worker`: what a routing gateway in front needs to know of this
+engine (shared/fleet_protocol.py). Mounted only in worker mode; behind the API key like the OpenAI
+routes, since a worker's prefix cache says something about its users' prompts.
+
+- `GET /internal/v1/state`: load, draining, block size and hash scheme, the event cursor (JSON).
+- `GET /internal/v1/blocks?epoch=E&since=N`: prefix-cache changes since event N (msgpack: a reset
+  lists every held hash, tens of thousands of 16-byte values, which JSON would hex or base64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get
+from litestar.params import FromQuery
+
+from cloud.engine.block_events import BlockEventLog
+from cloud.engine.core import EngineCore
+from gateway.encoding import encode
+from gateway.state import Gateway
+from shared.fleet_protocol import HASH_SCHEME, WorkerLoad, WorkerState
+
+MSGPACK = "application/msgpack"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEngine:
+    """What the internal routes read from the engine beyond the backend's stats."""
+
+    block_size: int
+    max_num_seqs: int
+    events: BlockEventLog
+
+    @classmethod
+    def of(cls, core: EngineCore) -> WorkerEngine:
+        return cls(core.kv_plan.block_size, core.config.max_num_seqs, core.block_events)
+
+
+def _parts(request: Request[Any, Any, Any]) -> tuple[Gateway, WorkerEngine]:
+    return request.app.state.gateway, request.app.state.worker
+
+
+def worker_state(gw: Gateway, engine: WorkerEngine) -> WorkerState:
+    stats = gw.backend.stats()
+    return WorkerState(
+        model=gw.backend.model_name,
+        epoch=engine.events.epoch,
+        block_size=engine.block_size,
+        hash_scheme=HASH_SCHEME,
+        load=WorkerLoad(
+            running=stats.num_running,
+            waiting=stats.num_waiting,
+            max_num_seqs=engine.max_num_seqs,
+            kv_usage=stats.kv_usage,
+        ),
+        draining=gw.draining,
+        next_event=engine.events.next_event,
+    )
+
+
+@get("/internal/v1/state", summary="A worker's load and prefix-cache cursor (for a routing gateway)")
+async def state(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return Response(encode(worker_state(*_parts(request))), media_type="application/json")
+
+
+@get("/internal/v1/blocks", summary="Prefix-cache blocks stored and evicted since an event (msgpack)")
+async def blocks(
+    request: Request[Any, Any, Any], since: FromQuery[int] = 0, epoch: FromQuery[str | None] = None
+) -> Response[bytes]:
+    _, engine = _parts(request)
+    return Response(msgspec.msgpack.encode(engine.events.since(epoch, since)), media_type=MSGPACK)
+
+
+ROUTES = [state, blocks]

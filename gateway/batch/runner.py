@@ -1,0 +1,320 @@
+"""The batch runner: one task per gateway process that takes batches oldest first and drives up to
+`max_running` of them side by side through their states, running each one's requests through the
+engine at low priority, a few at a time.
+
+    validating --(input file ok)--> in_progress --(all requests have results)--> finalizing --> completed
+        `--(bad lines)--> failed        |-- cancel --> cancelling --(in-flight aborted)--> cancelled
+                                        `-- past expires_at --> expired (unrun requests: batch_expired)
+
+Every step is read from and written to the store, so a new process resumes where the last one
+stopped: a request is run until its result is stored, and a stored result is never run again. Every
+store call runs off the event loop. A batch is isolated from the others: an unexpected error on it is
+retried (RETRY_S apart) and after ATTEMPTS in a row in one process the batch is failed with the
+reason, its results so far in its files, while the other batches go on. Every SWEEP_S (and at start)
+the runner deletes expired files, which the store hides from the second they expire. The
+database is opened on first use (a route, or at start when it already exists), so a gateway that
+never serves a batch writes nothing.
+
+One runner per data dir: opening the database first takes the dir's lock (shared/dir_lock.py), so a
+second process over the same dir refuses to start (DirInUse, when the database exists at start) or
+answers batch routes with a 503 naming the owner (when both started before it existed); it never
+runs a batch the first one runs. The lock is taken with the database rather than at start so that
+gateways which never serve a batch (most test gateways share the default dir) never contend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from gateway.batch.executor import BATCH_PRIORITY, Answer, Executor
+from gateway.batch.input import BatchItem, parse_batch_input
+from gateway.batch.store import ACTIVE, BatchStore
+from gateway.encoding import encode
+from gateway.errors import ServiceUnavailableError
+from shared.batch_protocol import (
+    Batch,
+    BatchError,
+    BatchErrors,
+    BatchLineError,
+    BatchLineResponse,
+    BatchOutputLine,
+)
+from shared.dir_lock import DirInUse, DirLock, HeldBy, lock_dir
+from shared.errors import CtxfuseError, QueueFullError
+
+log = structlog.get_logger("ctxfuse.gateway")
+
+RETRY_S = 1.0  # wait before retrying work that could not be taken (queue full, no engine or backend)
+MAX_RUNNING = 4  # batches run side by side (GatewayConfig.max_running_batches)
+ATTEMPTS = 3  # unexpected errors in a row on one batch before it is failed
+SWEEP_S = 60.0  # between deletions of expired files (they are hidden from their expiry on anyway)
+
+
+def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
+    response = None
+    if answer is not None:
+        body = msgspec.Raw(answer.body)
+        response = BatchLineResponse(status_code=answer.status_code, request_id=rid, body=body)
+    line = BatchOutputLine(
+        id=f"batch_req_{uuid.uuid4().hex[:24]}", custom_id=item.custom_id, response=response, error=error
+    )
+    return encode(line)
+
+
+def _failure(exc: BaseException) -> BatchErrors:
+    # the type only: the message may name server internals; the log has the traceback
+    message = f"the server failed on this batch {ATTEMPTS} times ({type(exc).__name__}); it has been logged"
+    return BatchErrors(data=[BatchError(code="server_error", message=message)])
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        execute: Executor,
+        path: Path,
+        concurrency: int = 4,
+        priority: int = BATCH_PRIORITY,
+        clock: Callable[[], float] = time.time,
+        max_running: int = MAX_RUNNING,
+        file_ttl_s: int | None = None,
+    ):
+        if max_running < 1 or concurrency < 1:
+            raise ValueError(f"max_running and concurrency must be >= 1, got {max_running} and {concurrency}")
+        self.execute = execute  # the in-process engine's (batch/executor.py) or the fleet's
+        self.path = path
+        self.concurrency = concurrency  # requests of one batch in flight
+        self.max_running = max_running  # batches in progress at once
+        self.priority = priority
+        self.clock = clock  # seconds since the epoch; decides when a batch, or a file, has expired
+        self.file_ttl_s = file_ttl_s  # lifetime of a file made without one (None: until deleted)
+        self._store: BatchStore | None = None
+        self._dir_lock: DirLock | None = None
+        self._task: asyncio.Task[None] | None = None
+        # one event per waiter (the loop, each running batch): a waiter clears only its own, so no
+        # waiter can swallow a wake meant for another
+        self._wake = asyncio.Event()
+        self._waiters: set[asyncio.Event] = {self._wake}
+        self._given_up: set[str] = set()  # failed but could not be marked so: left until the next start
+        self._started = False
+
+    @property
+    def store(self) -> BatchStore:
+        if self._store is None:
+            lock = lock_dir(self.path.parent, "ctxfuse gateway batch runner")
+            if isinstance(lock, HeldBy):
+                raise DirInUse(lock, "gateway data dir (--data-dir)")
+            self._dir_lock = lock
+            # the store asks the runner's clock each time, so one clock decides every expiry
+            self._store = BatchStore(self.path, lambda: self.clock(), self.file_ttl_s)
+        if self._started and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch-runner")
+        return self._store
+
+    async def start(self) -> None:
+        self._started = True
+        if self.path.exists():
+            _ = self.store  # unfinished batches of an earlier process resume now
+
+    async def stop(self) -> None:
+        """Abort what runs (its results are not stored, so it runs again on the next start)."""
+        self._started = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
+
+    def wake(self) -> None:
+        """New work, or a cancel: look at the store again."""
+        for event in self._waiters:
+            event.set()
+
+    async def _loop(self) -> None:
+        running: dict[str, asyncio.Task[None]] = {}
+        next_sweep = 0.0  # (monotonic) at once: files may have expired while no process ran
+        try:
+            while True:
+                self._wake.clear()  # before the look: a batch stored after it still wakes the wait
+                if time.monotonic() >= next_sweep:
+                    await self.sweep()
+                    next_sweep = time.monotonic() + SWEEP_S
+                await self._take(running)
+                waker = asyncio.create_task(self._wake.wait())
+                await asyncio.wait(
+                    {*running.values(), waker}, timeout=SWEEP_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                waker.cancel()
+                for batch_id in [i for i, t in running.items() if t.done()]:
+                    running.pop(batch_id).result()  # _drive raises nothing but a cancel
+        finally:
+            for t in running.values():
+                t.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
+
+    async def sweep(self) -> int:
+        """Delete the expired files (the disk is freed); how many went. A failure is logged and left
+        to the next sweep: expired files stay hidden meanwhile."""
+        try:
+            gone = await asyncio.to_thread(self.store.sweep)
+        except Exception:
+            log.exception("batch_runner_sweep_error")
+            return 0
+        if gone:
+            log.info("expired_files_deleted", count=gone)
+        return gone
+
+    async def _take(self, running: dict[str, asyncio.Task[None]]) -> None:
+        """Start driving the oldest active batches, up to max_running in all."""
+        free = self.max_running - len(running)
+        if free <= 0:
+            return
+        skip = frozenset(running) | self._given_up
+        try:
+            ids = await asyncio.to_thread(self.store.active_ids, free, skip)
+        except Exception:
+            log.exception("batch_runner_store_error")
+            await asyncio.sleep(RETRY_S)
+            self._wake.set()  # look again
+            return
+        for batch_id in ids:
+            running[batch_id] = asyncio.create_task(self._drive(batch_id), name=f"batch-{batch_id}")
+
+    async def _drive(self, batch_id: str) -> None:
+        """Advance one batch until it is done; what goes wrong with it stays with it."""
+        errors = 0
+        while True:
+            try:
+                batch = await asyncio.to_thread(self.store.get_batch, batch_id)
+                if batch is None or batch.status not in ACTIVE:
+                    return
+                await self._advance(batch)
+                errors = 0
+            except ServiceUnavailableError:
+                await asyncio.sleep(RETRY_S)  # the engine stopped or the gateway drains: try later
+            except Exception as exc:
+                errors += 1
+                log.exception("batch_runner_error", batch_id=batch_id, attempt=errors)
+                if errors >= ATTEMPTS:
+                    await self._fail(batch_id, exc)
+                    return
+                await asyncio.sleep(RETRY_S)
+
+    async def _fail(self, batch_id: str, exc: Exception) -> None:
+        try:
+            await asyncio.to_thread(self.store.finish, batch_id, "failed", _failure(exc))
+        except Exception:
+            log.exception("batch_runner_fail_error", batch_id=batch_id)
+            self._given_up.add(batch_id)
+        log.error("batch_failed", batch_id=batch_id, error=type(exc).__name__)
+
+    async def _advance(self, batch: Batch) -> None:
+        store = self.store
+        if batch.status == "validating":
+            await self._validate(batch)
+        elif batch.status == "in_progress":
+            await self._run(batch)
+        elif batch.status == "finalizing":
+            done = await asyncio.to_thread(store.finish, batch.id, "completed")
+            log.info("batch_done", batch_id=batch.id, status=done.status if done else None)
+        elif batch.status == "cancelling":
+            await asyncio.to_thread(store.finish, batch.id, "cancelled")
+
+    async def _validate(self, batch: Batch) -> None:
+        await asyncio.to_thread(self._validate_sync, self.store, batch)
+
+    @staticmethod
+    def _validate_sync(store: BatchStore, batch: Batch) -> None:
+        content = store.file_content(batch.input_file_id)
+        if content is None:
+            message = f"the input file {batch.input_file_id} expired or was deleted before the batch ran"
+            error = BatchError(code="invalid_file", message=message, param="input_file_id")
+            store.fail_validation(batch.id, BatchErrors(data=[error]))
+            return
+        parsed = parse_batch_input(content, batch.endpoint)
+        items = [p for p in parsed if isinstance(p, BatchItem)]
+        errors = [p for p in parsed if isinstance(p, BatchError)]
+        if errors:
+            store.fail_validation(batch.id, BatchErrors(data=errors))
+        else:
+            store.start(batch.id, items)  # None: cancelled meanwhile, which the next turn finishes
+
+    async def _halted(self, batch: Batch) -> bool:
+        """Cancelled, or past its window (then its unrun requests fail as expired)."""
+        current = await asyncio.to_thread(self.store.get_batch, batch.id)
+        if current is None or current.status != "in_progress":
+            return True
+        if batch.expires_at is not None and self.clock() >= batch.expires_at:
+            await asyncio.to_thread(self._expire, self.store, batch)
+            return True
+        return False
+
+    @staticmethod
+    def _expire(store: BatchStore, batch: Batch) -> None:
+        error = BatchLineError(code="batch_expired", message="the batch expired before this request ran")
+        for item in store.pending(batch.id):
+            store.put_result(batch.id, item.line, False, _line(item, None, "", error))
+        store.finish(batch.id, "expired")
+
+    async def _run(self, batch: Batch) -> None:
+        pending = deque(await asyncio.to_thread(self.store.pending, batch.id))
+        owner = await asyncio.to_thread(self.store.owner_of, batch.id)  # its requests run as its owner
+        running: set[asyncio.Task[Any]] = set()
+        failed: BaseException | None = None  # stop taking work, raise once what runs has ended
+        wake = asyncio.Event()
+        self._waiters.add(wake)
+        try:
+            while (pending and failed is None) or running:
+                wake.clear()  # before the check: a cancel stored after it still wakes the wait
+                if await self._halted(batch):
+                    break
+                while failed is None and pending and len(running) < self.concurrency:
+                    running.add(asyncio.create_task(self._one(batch, pending.popleft(), owner)))
+                waker = asyncio.create_task(wake.wait())
+                done, running = await asyncio.wait({*running, waker}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                running.discard(waker)
+                for t in done - {waker}:
+                    exc = t.exception()  # each one read: none is left unretrieved
+                    failed = failed or exc
+            if failed is not None:
+                # raised only once the requests in flight have ended: one of them may be a fleet
+                # backend's circuit probe, and a cancelled probe would keep it from being found well
+                raise failed
+        finally:
+            self._waiters.discard(wake)
+            for t in running:
+                t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.to_thread(self.store.transition, batch.id, "finalizing", only_from=("in_progress",))
+
+    async def _one(self, batch: Batch, item: BatchItem, owner: str) -> None:
+        rid = uuid.uuid4().hex
+        while True:
+            try:
+                answer = await self.execute(batch.endpoint, item.body, rid, self.priority, owner)
+                break
+            except QueueFullError as exc:
+                await asyncio.sleep(max(RETRY_S, exc.retry_after_s))
+            except ServiceUnavailableError:
+                raise
+            except Exception:
+                log.exception("batch_request_error", batch_id=batch.id, custom_id=item.custom_id)
+                error = CtxfuseError("the server failed on this request; it has been logged")
+                answer = Answer(error.status, encode(error.to_openai()))
+                break
+        ok, line = answer.status_code == 200, _line(item, answer, rid)
+        await asyncio.to_thread(self.store.put_result, batch.id, item.line, ok, line)

@@ -1,0 +1,1 @@
+"""The OpenAI API: its routes, and chat, completions, streaming and structured outputs from an engine."""

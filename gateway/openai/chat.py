@@ -1,0 +1,186 @@
+"""POST /v1/chat/completions: messages -> prompt ids -> engine -> a whole response (the stream is in
+openai/chat_stream.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from cloud.engine.request import ImageSpan, SamplingParams
+from gateway.backends.engine import Backend, Generation
+from gateway.openai import structured, structured_result
+from gateway.openai.images import Images
+from gateway.openai.logprobs import chat_logprobs
+from gateway.openai.results import ChoiceResult, Reply, UsageTally, annotate_usage, collect
+from gateway.openai.sampling import sampling_params
+from gateway.openai.structured import Structure
+from gateway.ops.metrics import RequestMeter
+from gateway.ops.observe import annotate
+from shared.errors import InvalidRequestError
+from shared.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatMessage,
+    ChoiceLogprobs,
+)
+
+
+def _content(i: int, m: ChatMessage) -> str | list[dict[str, Any]] | None:
+    """A message's content as the engine takes it: a string, or text and image_features parts (image_url
+    parts were made into features before this: gateway/openai/images.py)."""
+    if not isinstance(m.content, list):
+        return m.content
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(m.content):
+        if part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        elif part.type == "image_features" and part.image_features is not None:
+            parts.append({"type": "image_features", "image_features": part.image_features})
+        else:
+            raise InvalidRequestError(
+                f"content part type {part.type!r} is not supported here; send text, image_url or "
+                "image_features parts",
+                param=f"messages[{i}].content[{j}]",
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template reads them. `developer` is OpenAI's new name for `system`, which
+    is the role templates know."""
+    if not messages:
+        raise InvalidRequestError("messages must hold at least one message", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
+        d["content"] = _content(i, m)
+        if m.name is not None:
+            d["name"] = m.name
+        if m.tool_calls is not None:
+            d["tool_calls"] = msgspec.to_builtins(m.tool_calls)
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+@dataclass(slots=True)
+class ChatPlan:
+    """What a chat request asks of the engine, decided before anything is queued."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    logprobs: bool
+    structure: Structure | None = None
+    image_spans: tuple[ImageSpan, ...] = ()
+
+
+def _structure(req: ChatCompletionRequest) -> tuple[Structure | None, structured.ToolsPrompt]:
+    confidence = req.ctxfuse is not None and req.ctxfuse.field_confidence
+    json_out = structured.response_format_structure(req.response_format, confidence)
+    tools_out, prompt = structured.tools_structure(req, confidence)
+    if json_out is not None and tools_out is not None and tools_out.spec.kind == "tool_calls":
+        if req.tool_choice in (None, "auto"):
+            raise InvalidRequestError(
+                "response_format json_object or json_schema cannot be combined with tools the model may "
+                'or may not call; set tool_choice to "none", "required" or a function',
+                param="response_format",
+            )
+        json_out = None  # the output is tool calls only
+    if confidence and json_out is None and tools_out is None:
+        raise InvalidRequestError(
+            "ctxfuse.field_confidence needs structured output (response_format json_* or tools)",
+            param="ctxfuse.field_confidence",
+        )
+    return json_out or tools_out, prompt
+
+
+def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
+    structure, tools = _structure(req)
+    prompt = backend.encode_chat(message_dicts(req.messages), tools.tools, tools.choice)
+    prompt_ids = prompt.token_ids
+    field, max_tokens = "max_completion_tokens", req.max_completion_tokens
+    if max_tokens is None:
+        field, max_tokens = "max_tokens", req.max_tokens
+    if max_tokens is None:  # as OpenAI: up to the context the prompt leaves
+        max_tokens = backend.default_max_tokens(len(prompt_ids))
+    elif max_tokens < 1:
+        raise InvalidRequestError(f"{field} must be at least 1", param=field)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
+    if structure is not None:
+        params.grammar = structure.spec
+        params.constrained_logprobs = structure.confidence
+    backend.check(prompt_ids, params)
+    return ChatPlan(prompt_ids, params, req.logprobs, structure, prompt.image_spans)
+
+
+def text_chars(messages: list[ChatMessage]) -> int:
+    """Characters of the messages' text: the prompt holds at least these."""
+    n = 0
+    for m in messages:
+        if isinstance(m.content, str):
+            n += len(m.content)
+        elif isinstance(m.content, list):
+            n += sum(len(part.text) for part in m.content if part.text is not None)
+    return n
+
+
+async def prepare(req: ChatCompletionRequest, backend: Backend, images: Images) -> ChatPlan:
+    """plan_chat after the request's image_url parts have become features. A text too long for the
+    context is refused by its size first; the template, tokenizing and schema compilation run on a
+    worker thread, so a big prompt never holds up the event loop."""
+    backend.check_text_size(text_chars(req.messages))
+    if count := await images.resolve(req.messages):
+        annotate(images=count)
+    return await asyncio.to_thread(plan_chat, req, backend)
+
+
+async def submit(backend: Backend, plan: ChatPlan, request_id: str, priority: int = 0) -> Generation:
+    return await backend.submit(
+        plan.prompt_ids, plan.params, request_id, priority=priority, image_spans=plan.image_spans
+    )
+
+
+def _message(plan: ChatPlan, c: ChoiceResult, reply: Reply, backend: Backend) -> ChatChoice:
+    lp = ChoiceLogprobs(content=chat_logprobs(reply.texts, c.samples)) if plan.logprobs else None
+    if plan.structure is None:
+        message = AssistantMessage(content=c.text)
+        return ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=c.finish_reason)
+    evidence = None
+    if plan.structure.confidence:
+        evidence = structured_result.TokenEvidence(backend.tokenizer)
+        evidence.add(c.samples)
+    out = structured_result.finish(plan.structure, c.text, c.finish_reason, evidence)
+    message = AssistantMessage(content=out.content)
+    if out.tool_calls:
+        message.tool_calls = out.tool_calls
+    return ChatChoice(
+        index=c.index, message=message, logprobs=lp, finish_reason=out.finish_reason, ctxfuse=out.result
+    )
+
+
+async def whole_response(
+    gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter, backend: Backend
+) -> ChatCompletion:
+    tally = UsageTally()
+    try:
+        choices = await collect(gen, meter, tally, reply.eos_ids)
+    finally:
+        gen.close()
+        annotate_usage(tally)
+    if reply.log_content:
+        annotate(completion=[choices[i].text for i in sorted(choices)])
+    out = [_message(plan, choices[i], reply, backend) for i in sorted(choices)]
+    return ChatCompletion(
+        id=reply.id, created=reply.created, model=reply.model, choices=out, usage=tally.usage()
+    )

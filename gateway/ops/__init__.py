@@ -1,0 +1,1 @@
+"""Operating the gateway: health, readiness, metrics, request logs and the OpenAPI document."""
