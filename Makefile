@@ -55,7 +55,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: model lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 bench: model
 	$(BIN)/ctxfuse bench engine

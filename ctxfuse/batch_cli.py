@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ctxfuse.cli_values import non_negative_int, positive_int
+
 
 def add_batch_options(p: argparse.ArgumentParser) -> None:
     from gateway.config import GatewayConfig
@@ -21,30 +23,16 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
     d = GatewayConfig()
     g.add_argument(
         "--max-running-batches",
-        type=_positive_int,
+        type=positive_int,
         default=d.max_running_batches,
         help="batches run side by side, each a few requests at a time at low priority; a batch that "
         f"keeps failing is failed on its own and holds one of these (default {d.max_running_batches})",
     )
     g.add_argument(
         "--file-ttl-days",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=d.file_ttl_days,
         help="days a file uploaded or produced from now on is kept when its request sets no "
         "expires_after (output_expires_after for a batch's results); 0 keeps it until deleted, as "
         f"OpenAI does (default {d.file_ttl_days})",
     )
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value

@@ -68,6 +68,7 @@ def _cmd_bench_gateway(args: argparse.Namespace) -> int:
         connections=args.connections,
         steps=tuple(sorted(set(args.steps))),
         p99_budget_ms=args.p99_budget_ms,
+        compare_unlimited=args.compare_unlimited,
     )
     print(json.dumps(run(options), indent=2))
     return 0
@@ -112,6 +113,12 @@ def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.Argument
         type=float,
         default=d.p99_budget_ms,
         help=f"p99 latency budget for the rate search, ms (default {d.p99_budget_ms:g})",
+    )
+    bg.add_argument(
+        "--compare-unlimited",
+        action="store_true",
+        help="also measure the same gateway on uvicorn's httptools without connection limits, side by "
+        "side (what the limits cost)",
     )
     bg.set_defaults(func=_cmd_bench_gateway)
 

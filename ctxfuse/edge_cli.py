@@ -4,12 +4,13 @@ agent on a device)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-EDGE_KEY_ENV = "CTXFUSE_EDGE_API_KEY"
+from ctxfuse.cli_values import SecretOption
+
+# what apps on the device must send the agent; ctxfuse/cli_values.py imports no cloud side
+AGENT_KEY = SecretOption("--api-key", env="CTXFUSE_EDGE_API_KEY")
 
 
 def add_edge_listener_options(p: argparse.ArgumentParser) -> None:
@@ -53,35 +54,11 @@ def check_edge_listener(args: argparse.Namespace) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Refused:
-    why: str
-
-
-def _agent_key(args: argparse.Namespace) -> str | _Refused | None:
-    """--api-key, else the first line of --api-key-file, else $CTXFUSE_EDGE_API_KEY (the order of
-    `ctxfuse serve`'s key, with the environment last so a file given on the command line wins)."""
-    if args.api_key:
-        return str(args.api_key)
-    if args.api_key_file is not None:
-        try:
-            lines = args.api_key_file.read_text().strip().splitlines()
-        except OSError as exc:
-            return _Refused(f"--api-key-file {args.api_key_file}: no key could be read ({exc})")
-        key = lines[0].strip() if lines else ""
-        return key or _Refused(f"--api-key-file {args.api_key_file} is empty")
-    return os.environ.get(EDGE_KEY_ENV) or None
-
-
 def _cmd_edge(args: argparse.Namespace) -> int:
     from ctxfuse.vision_cli import vision_options
     from edge.config import EdgeConfig
     from edge.server import agent_server
 
-    api_key = _agent_key(args)
-    if isinstance(api_key, _Refused):
-        print(f"ctxfuse edge: {api_key.why}", file=sys.stderr)
-        return 2
     config = EdgeConfig(
         gateway_url=args.gateway,
         tls_dir=args.tls_dir,
@@ -94,7 +71,7 @@ def _cmd_edge(args: argparse.Namespace) -> int:
         outbox_full_policy=args.outbox_full_policy,
         retry_cap_s=args.retry_cap_s,
         vision=vision_options(args),
-        api_key=api_key,
+        api_key=AGENT_KEY.read(args),
         allowed_hosts=tuple(args.allowed_host),
         allowed_origins=tuple(args.allowed_origin),
     )
@@ -156,17 +133,8 @@ def add_edge_parser(p: argparse.ArgumentParser) -> None:
         help=f"strings of at least this many bytes travel as chunks (default {d.chunk_threshold})",
     )
     g = p.add_argument_group("who may use the agent's port (the device's identity stands behind it)")
-    g.add_argument(
-        "--api-key",
-        default=None,
-        help="require `Authorization: Bearer KEY` from apps (default: --api-key-file, else"
-        f" ${EDGE_KEY_ENV}, else none)",
-    )
-    g.add_argument(
-        "--api-key-file",
-        type=Path,
-        default=None,
-        help="read the key from this file's first line (keeps it out of the process list)",
+    AGENT_KEY.add(
+        g, help=f"require `Authorization: Bearer KEY` from apps (default: ${AGENT_KEY.env}, else none)"
     )
     g.add_argument(
         "--allowed-host",

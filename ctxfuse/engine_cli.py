@@ -17,6 +17,7 @@ from cloud.engine.config import (
     SparseConfig,
 )
 from cloud.model.linear import WEIGHT_QUANTS
+from ctxfuse.cli_values import non_negative_int
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -155,7 +156,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--long-prefill-tokens",
-        type=_non_negative,
+        type=non_negative_int,
         default=d.long_prefill_tokens,
         help="while other requests wait or run, a prompt computes at most this many tokens per step, "
         "so short prompts start and others decode alongside a long one "
@@ -200,16 +201,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         rope_scaling=args.rope_scaling,
         context_overflow=args.context_overflow,
     )
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def _json_object(text: str) -> dict[str, float | str]:

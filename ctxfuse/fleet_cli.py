@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
+from ctxfuse.cli_values import SecretOption
 from gateway.backends.fleet.config import FleetConfig, Policy, from_urls, load
+
+BACKEND_KEY = SecretOption("--backend-key", env="CTXFUSE_BACKEND_KEY")  # what the router sends workers
 
 
 def add_fleet_options(p: argparse.ArgumentParser) -> None:
@@ -29,15 +31,11 @@ def add_fleet_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a fleet file (TOML): backends with names, versions and weights, routing and canary settings",
     )
-    g.add_argument(
-        "--backend-key",
-        default=os.environ.get("CTXFUSE_BACKEND_KEY"),
+    BACKEND_KEY.add(
+        g,
         help="the key the router sends backends (`Authorization: Bearer`); ctxfuse workers require "
-        "one: their --api-key (default: $CTXFUSE_BACKEND_KEY; a fleet file's backend may name its own "
+        f"one: their --api-key (default: ${BACKEND_KEY.env}; a fleet file's backend may name its own "
         "api_key)",
-    )
-    g.add_argument(
-        "--backend-key-file", type=Path, default=None, help="read --backend-key from this file's first line"
     )
     g.add_argument(
         "--routing",
@@ -60,8 +58,4 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig | None:
         config = from_urls(args.backend, args.routing or "prefix")
     if config is None:
         return None
-    key = args.backend_key
-    if args.backend_key_file is not None and not key:
-        lines = args.backend_key_file.read_text().strip().splitlines()
-        key = lines[0].strip() if lines else None
-    return replace(config, backend_key=key or None)
+    return replace(config, backend_key=BACKEND_KEY.read(args))

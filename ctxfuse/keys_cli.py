@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ctxfuse.cli_values import duration_s, positive_int
+
 if TYPE_CHECKING:
     from gateway.access.keys import KeyStore
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def add_keys_parser(p: argparse.ArgumentParser) -> None:
@@ -28,15 +28,15 @@ def add_keys_parser(p: argparse.ArgumentParser) -> None:
     _data_dir(create)
     create.add_argument("--tenant", required=True, help="the tenant the key belongs to")
     create.add_argument("--name", default="", help="a label for lists (default none)")
-    create.add_argument("--expires-in", type=_duration, help="lifetime, e.g. 90d, 12h, 30m (default never)")
+    create.add_argument("--expires-in", type=duration_s, help="lifetime, e.g. 90d, 12h, 30m (default never)")
     create.add_argument(
         "--models", help="comma-separated models the key may use (default every model the server serves)"
     )
-    create.add_argument("--rpm", type=_positive, help="requests per minute (default unlimited)")
+    create.add_argument("--rpm", type=positive_int, help="requests per minute (default unlimited)")
     create.add_argument(
-        "--tpm", type=_positive, help="tokens per minute, prompt + completion (default unlimited)"
+        "--tpm", type=positive_int, help="tokens per minute, prompt + completion (default unlimited)"
     )
-    create.add_argument("--max-concurrent", type=_positive, help="requests in flight (default unlimited)")
+    create.add_argument("--max-concurrent", type=positive_int, help="requests in flight (default unlimited)")
     create.set_defaults(func=_cmd_create)
 
     ls = cmd.add_parser("list", help="keys (id, tenant, limits, expiry, revoked), never their secrets")
@@ -123,21 +123,3 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
     record = _store(args).revoke(args.key_id)
     print(f"key {record.id} of tenant {record.tenant} revoked")
     return 0
-
-
-def _duration(text: str) -> float:
-    unit = text[-1:].lower()
-    try:
-        value = float(text[:-1]) * _UNITS[unit] if unit in _UNITS else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number with s, m, h or d, e.g. 90d") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value

@@ -4,17 +4,18 @@ over other servers; and the HTTP options it shares with `ctxfuse worker`."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ctxfuse.cli_values import SecretOption, positive_float, positive_int
 from ctxfuse.engine_cli import add_engine_options, engine_config
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
+
+API_KEY = SecretOption("--api-key", env="CTXFUSE_API_KEY")  # the gateway's (or a worker's) own key
 
 
 def http_config(args: argparse.Namespace) -> GatewayConfig:
@@ -32,7 +33,7 @@ def http_config(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         host=args.host,
         port=args.port,
-        api_key=api_key_of(args),
+        api_key=API_KEY.read(args),
         log_content=args.log_content,
         share_prefix_cache=args.share_prefix_cache,
         max_body_bytes=int(args.max_body_mib * 2**20),
@@ -42,19 +43,6 @@ def http_config(args: argparse.Namespace) -> GatewayConfig:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
     )
-
-
-def api_key_of(args: argparse.Namespace) -> str | None:
-    """--api-key, else the first line of --api-key-file, else $CTXFUSE_API_KEY (the parser's default)."""
-    from shared.errors import CtxfuseError
-
-    if args.api_key_file is not None and not args.api_key:
-        try:
-            key = args.api_key_file.read_text().strip().splitlines()[0].strip()
-        except (OSError, IndexError) as exc:
-            raise CtxfuseError(f"--api-key-file {args.api_key_file}: no key could be read ({exc})") from exc
-        return key or None
-    return args.api_key or None
 
 
 def check_tls_options(args: argparse.Namespace) -> str | None:
@@ -113,15 +101,10 @@ def add_gateway_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--port", type=int, default=d.port, help=f"port to listen on; 0 picks a free one (default {d.port})"
     )
-    g.add_argument(
-        "--api-key",
-        default=os.environ.get("CTXFUSE_API_KEY"),
-        help="require `Authorization: Bearer KEY` on API routes (default: $CTXFUSE_API_KEY, else none)",
-    )
-    g.add_argument(
-        "--api-key-file",
-        type=Path,
-        help="read the --api-key from this file's first line (keeps it out of the process list); "
+    API_KEY.add(
+        g,
+        help=f"require `Authorization: Bearer KEY` on API routes (default: ${API_KEY.env}, else none)",
+        file_help="read the --api-key from this file's first line (keeps it out of the process list); "
         "tenants' own keys come from `ctxfuse keys create`",
     )
     g.add_argument(
@@ -169,48 +152,37 @@ def add_connection_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connections (each listener: the OpenAI port and the edge listener)")
     g.add_argument(
         "--header-timeout",
-        type=_positive(float),
+        type=positive_float,
         default=d.header_timeout_s,
         help=f"seconds a client has to send a request's head; then the connection closes "
         f"(default {d.header_timeout_s:g})",
     )
     g.add_argument(
         "--max-header-kib",
-        type=_positive(float),
+        type=positive_float,
         default=d.max_header_bytes / 1024,
         help=f"largest request head in KiB; larger gets a 431 (default {d.max_header_bytes / 1024:g})",
     )
     g.add_argument(
         "--max-connections",
-        type=_positive(int),
+        type=positive_int,
         default=d.max_connections,
         help=f"open connections per listener; more get a 503 and are closed (default {d.max_connections})",
     )
     g.add_argument(
         "--max-connection-requests",
-        type=_positive(int),
+        type=positive_int,
         default=d.max_connection_requests,
         help="requests on one kept-alive connection before it is closed "
         f"(default {d.max_connection_requests})",
     )
     g.add_argument(
         "--max-connection-age",
-        type=_positive(float),
+        type=positive_float,
         default=d.max_connection_age_s,
         help=f"seconds a kept-alive connection is reused; the next response closes it "
         f"(default {d.max_connection_age_s:g})",
     )
-
-
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
-    return parse
 
 
 def add_serve_parser(sv: argparse.ArgumentParser) -> None:

@@ -4,18 +4,18 @@ and then answers 409 with what it lacks, which the uplink sends."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from shared.sqlite_store import open_db
+
 
 class AckedChunks:
     def __init__(self, path: Path, max_entries: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # not durable: digests lost to power loss are only chunks sent again. `with self._db:` opens
+        # and commits the transactions (DEFERRED, sqlite3's default).
+        self._db = open_db(path, durable=False, isolation_level="DEFERRED")
         self._db.execute("CREATE TABLE IF NOT EXISTS acked (digest BLOB PRIMARY KEY, used INTEGER NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS acked_used ON acked (used)")
         self._lock = threading.Lock()

@@ -9,6 +9,10 @@ key with the same request answers the first object; with a different request, a 
 Cancel follows OpenAI: a batch the gateway does not have yet is cancelled here at once; one it has
 reads "cancelling" until the forwarder has told the gateway and fetched its outcome ("cancelled").
 Lists page newest first with `limit` and an `after` cursor, as the gateway's do.
+
+Files expire as on the gateway, under the same rules (shared/file_expiry.py): `expires_after` on an
+upload, `output_expires_after` on a batch for its result files. An expired file is gone here (404, out
+of lists); the forwarder uploads an input with the lifetime it has left (forwarder.gateway_ttl).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery, QueryParameter
 
 from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest, FileDeleted, batch_list, file_list
+from shared.errors import InvalidRequestError
+from shared.file_expiry import check_output_expiry, upload_expiry
 
 from .errors import JSON, error_response
 from .outbox_values import FileInUse, KeyReused, NotCancellable, OutboxFull
@@ -57,6 +63,10 @@ def _key_reused() -> Response[bytes]:
     )
 
 
+def _invalid(exc: InvalidRequestError) -> Response[bytes]:
+    return error_response(400, exc.message, exc.code or "invalid_request", param=exc.param)
+
+
 def _not_found(what: str, ident: str) -> Response[bytes]:
     return error_response(404, f"no {what} with id {ident!r}", f"{what}_not_found")
 
@@ -72,14 +82,19 @@ async def create_file(request: AnyRequest) -> Response[bytes]:
     if purpose != "batch" or not isinstance(upload, UploadFile):
         return error_response(400, "the form needs `purpose` 'batch' and a `file`", "bad_form")
     try:
+        ttl_s = upload_expiry(form)
         content = await upload.read()
+    except InvalidRequestError as exc:
+        return _invalid(exc)
     finally:
         await upload.close()
     name = upload.filename or "upload.jsonl"
     agent = _agent(request)
     key = request.headers.get("idempotency-key")
-    digest = _digest(purpose.encode(), name.encode(), content)
-    made = await asyncio.to_thread(agent.outbox.put_file, name, purpose, content, key, digest)
+    # the lifetime is part of the request only when given, so keys from before it still match
+    lifetime = () if ttl_s is None else (str(ttl_s).encode(),)
+    digest = _digest(purpose.encode(), name.encode(), content, *lifetime)
+    made = await asyncio.to_thread(agent.outbox.put_file, name, purpose, content, key, digest, ttl_s)
     if isinstance(made, KeyReused):
         return _key_reused()
     if isinstance(made, OutboxFull):
@@ -105,6 +120,10 @@ async def create_batch(request: AnyRequest) -> Response[bytes]:
         )
     if req.completion_window != "24h":
         return error_response(400, "completion_window must be '24h'", "invalid_completion_window")
+    try:
+        check_output_expiry(req)  # here, not first at the gateway: the app gets the 400 at once
+    except InvalidRequestError as exc:
+        return _invalid(exc)
     agent = _agent(request)
     if await asyncio.to_thread(agent.outbox.get_file, req.input_file_id) is None:
         return _not_found("file", req.input_file_id)

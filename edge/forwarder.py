@@ -24,6 +24,7 @@ import msgspec
 import structlog
 
 from shared.batch_protocol import Batch, FileObject
+from shared.file_expiry import EXPIRES_MIN_S
 
 from .config import EdgeConfig
 from .outbox import Outbox
@@ -37,6 +38,20 @@ def backoff_delay(failures: int, base_s: float, cap_s: float, rng: random.Random
     """Seconds to wait after `failures` failures in a row (0 = the first): full jitter, uniform in
     [0, min(cap, base * 2^failures)], so many agents coming back at once do not arrive together."""
     return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(failures, 62)))
+
+
+def gateway_ttl(left_s: int) -> int:
+    """The `expires_after[seconds]` to upload a file with that has `left_s` seconds to live here.
+
+    The gateway anchors it at its own upload time, so its copy expires when this one does (the
+    transit later at most), never later, except that the gateway takes no lifetime under an hour
+    (EXPIRES_MIN_S): a file with less left is sent with an hour. Failing the batch instead would fail
+    every batch over a file uploaded with the minimum lifetime the moment forwarding takes a second
+    (and any batch held in the outbox through an outage), though the app asked for nothing invalid;
+    the cost is a gateway copy outliving the app's expiry by under an hour, no longer than the
+    shortest lifetime the app could have asked the gateway for itself.
+    """
+    return max(left_s, EXPIRES_MIN_S)
 
 
 class LinkDown(Exception):
@@ -139,13 +154,21 @@ class Forwarder:
             return None
         up = await asyncio.to_thread(self.outbox.upload_of, file_id)
         if up is None:
-            return Refused("invalid_file", f"the input file {file_id} is gone")
+            return Refused("invalid_file", f"the input file {file_id} expired or was deleted")
+        data, key = {"purpose": up.purpose}, up.idem_key
+        if up.left_s is not None:
+            ttl_s = gateway_ttl(up.left_s)
+            data |= {"expires_after[anchor]": "created_at", "expires_after[seconds]": str(ttl_s)}
+            # the gateway keys an upload by its lifetime too: a retry a second later asks a shorter
+            # one, so it gets its own key (else a 422). A first try whose answer was lost leaves a
+            # copy there that no batch uses and that expires when the app asked, like this one.
+            key = f"{key}-{ttl_s}"
         resp = await self._call(
             "POST",
             "/v1/files",
             files={"file": (up.filename, up.content, "application/jsonl")},
-            data={"purpose": up.purpose},
-            headers={"Idempotency-Key": up.idem_key},
+            data=data,
+            headers={"Idempotency-Key": key},
         )
         if isinstance(resp, Refused):
             return resp

@@ -27,6 +27,12 @@ database, so a second agent over it refuses to start (DirInUse) rather than forw
 
 The outbox is bounded in stored file bytes. When an app's file does not fit, the policy either
 refuses it (`OutboxFull`) or drops the oldest batches, with their files, until it fits.
+
+Files expire as on the gateway (gateway/batch/files.py): an upload's `expires_after`, a batch's
+`output_expires_after` for the result files fetched for it (anchored at their arrival here). From the
+second `clock` reaches `expires_at` the file is gone: every call that reads or writes files first
+deletes the expired ones (_sweep), so no read can see one, its space is free again, and a batch that
+still needed it to reach the gateway fails there as `invalid_file`, as the gateway's would.
 """
 
 from __future__ import annotations
@@ -35,14 +41,16 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import msgspec
 
-from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchErrors, FileObject
+from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchErrors, ExpiresAfter, FileObject
 from shared.dir_lock import DirInUse, HeldBy, lock_dir
 from shared.sql_page import newest_first
+from shared.sqlite_store import ensure_columns, open_db
 
 from .config import FullPolicy
 from .outbox_values import (
@@ -68,7 +76,8 @@ CREATE TABLE IF NOT EXISTS files (
     idem_key TEXT NOT NULL,   -- sent with the upload to the gateway
     remote_id TEXT UNIQUE,    -- the gateway's id: once uploaded (inputs) or where fetched from (results)
     app_key TEXT UNIQUE,      -- the app's Idempotency-Key, with a digest of its request
-    app_digest BLOB
+    app_digest BLOB,
+    expires_at INTEGER        -- NULL: kept until deleted
 );
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -87,7 +96,11 @@ CREATE TABLE IF NOT EXISTS batches (
     cancel_sent INTEGER NOT NULL DEFAULT 0  -- the gateway has the cancel (or had nothing to cancel)
 );
 """
-_ADDED_COLUMNS = {"cancel_at": "INTEGER", "cancel_sent": "INTEGER NOT NULL DEFAULT 0"}
+# columns an outbox written by an older agent lacks, added when it is opened
+_ADDED_COLUMNS = {
+    "batches": {"cancel_at": "INTEGER", "cancel_sent": "INTEGER NOT NULL DEFAULT 0"},  # before cancels
+    "files": {"expires_at": "INTEGER"},  # before expiry: files never expire
+}
 T = TypeVar("T")
 
 
@@ -96,19 +109,20 @@ def _new_id(prefix: str) -> str:
 
 
 class Outbox:
-    def __init__(self, path: Path, max_bytes: int, policy: FullPolicy) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int, policy: FullPolicy, clock: Callable[[], float] = time.time
+    ) -> None:
+        """`clock`: seconds since the epoch, stamping what is made and deciding what has expired."""
         lock = lock_dir(path.parent, "ctxfuse edge outbox")  # two agents would forward twice
         if isinstance(lock, HeldBy):
             raise DirInUse(lock, "agent state dir (--state-dir)")
         self._dir_lock = lock
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # an accepted batch survives power loss too
+        self._db = open_db(path, durable=True)  # an accepted batch survives power loss too
         self._db.executescript(_SCHEMA)
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(batches)")}
-        for name, kind in _ADDED_COLUMNS.items():  # an outbox written before cancels existed
-            if name not in have:
-                self._db.execute(f"ALTER TABLE batches ADD COLUMN {name} {kind}")
+        for table, columns in _ADDED_COLUMNS.items():  # an outbox written by an older agent
+            ensure_columns(self._db, table, columns)
+        self._db.execute("CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)")
+        self.clock = clock
         self._lock = threading.Lock()
         self.max_bytes = max_bytes
         self.policy = policy
@@ -116,9 +130,17 @@ class Outbox:
     # -- what apps do -----------------------------------------------------------------------------
 
     def put_file(
-        self, filename: str, purpose: str, content: bytes, app_key: str | None, digest: bytes
+        self,
+        filename: str,
+        purpose: str,
+        content: bytes,
+        app_key: str | None,
+        digest: bytes,
+        ttl_s: int | None = None,
     ) -> FileObject | OutboxFull | KeyReused:
+        """A new file expiring `ttl_s` after its creation (None: kept until deleted)."""
         with self._lock, self._tx():
+            now = self._sweep()  # an expired file frees its space, and its key names nothing
             if app_key is not None:
                 row = self._db.execute("SELECT id, app_digest FROM files WHERE app_key = ?", (app_key,))
                 found = row.fetchone()
@@ -128,11 +150,12 @@ class Outbox:
             if full is not None:
                 return full
             file_id = _new_id("file-")
+            expires_at = None if ttl_s is None else now + ttl_s
             self._db.execute(
                 "INSERT INTO files (id, filename, purpose, created_at, content, idem_key, app_key,"
-                " app_digest)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (file_id, filename, purpose, int(time.time()), content, uuid.uuid4().hex, app_key, digest),
+                " app_digest, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (file_id, filename, purpose, now, content, uuid.uuid4().hex, app_key, digest, expires_at),
             )
             return self._known(self._file(file_id))
 
@@ -148,16 +171,18 @@ class Outbox:
             self._db.execute(
                 "INSERT INTO batches (id, request, created_at, idem_key, state, app_key, app_digest)"
                 " VALUES (?, ?, ?, ?, 'local', ?, ?)",
-                (batch_id, msgspec.json.encode(req), int(time.time()), uuid.uuid4().hex, app_key, digest),
+                (batch_id, msgspec.json.encode(req), self._now(), uuid.uuid4().hex, app_key, digest),
             )
             return self._known(self._batch(batch_id))
 
     def get_file(self, file_id: str) -> FileObject | None:
         with self._lock:
+            self._sweep()
             return self._file(file_id)
 
     def file_content(self, file_id: str) -> bytes | None:
         with self._lock:
+            self._sweep()
             row = self._db.execute("SELECT content FROM files WHERE id = ?", (file_id,)).fetchone()
         return None if row is None else bytes(row[0])
 
@@ -177,12 +202,14 @@ class Outbox:
 
     def list_files(self, limit: int, after: str | None, purpose: str | None) -> list[FileObject]:
         with self._lock:
+            self._sweep()  # before paging, so a page holds `limit` live files when there are that many
             ids = self._page("files", limit, after, purpose)
             return [f for i in ids if (f := self._file(i)) is not None]
 
     def delete_file(self, file_id: str) -> bool | FileInUse:
         """Forget a file; False if there is none. An input the forwarder still needs stays."""
         with self._lock, self._tx():
+            self._sweep()
             user = self._db.execute(
                 "SELECT id FROM batches WHERE state != 'completed'"
                 " AND json_extract(request, '$.input_file_id') = ? ORDER BY seq LIMIT 1",
@@ -194,7 +221,7 @@ class Outbox:
 
     def cancel(self, batch_id: str) -> Batch | NotCancellable | None:
         """Cancel here at once if the gateway has nothing yet, else mark it for the forwarder."""
-        now = int(time.time())
+        now = self._now()
         with self._lock, self._tx():
             row = self._db.execute("SELECT state FROM batches WHERE id = ?", (batch_id,)).fetchone()
             if row is None:
@@ -241,14 +268,21 @@ class Outbox:
         return None if row is None else str(row[0])
 
     def upload_of(self, file_id: str) -> Upload | None:
+        """What the forwarder sends for a file, with the lifetime it has left now; None once it is
+        gone (deleted or expired)."""
         with self._lock:
+            now = self._sweep()
             row = self._db.execute(
-                "SELECT filename, purpose, content, idem_key FROM files WHERE id = ?", (file_id,)
+                "SELECT filename, purpose, content, idem_key, expires_at FROM files WHERE id = ?", (file_id,)
             ).fetchone()
-        return None if row is None else Upload(row[0], row[1], bytes(row[2]), row[3])
+        if row is None:
+            return None
+        left_s = None if row[4] is None else row[4] - now
+        return Upload(row[0], row[1], bytes(row[2]), row[3], left_s)
 
     def remote_file_id(self, file_id: str) -> str | None:
         with self._lock:
+            self._sweep()
             row = self._db.execute("SELECT remote_id FROM files WHERE id = ?", (file_id,)).fetchone()
         return None if row is None else row[0]
 
@@ -295,7 +329,8 @@ class Outbox:
     def complete(self, batch_id: str, remote: Batch, output: Fetched | None, error: Fetched | None) -> None:
         """Store the results and finish the batch, all or nothing."""
         with self._lock, self._tx():
-            ids = [self._put_result(f) if f is not None else None for f in (output, error)]
+            ttl_s = self._output_ttl(batch_id)
+            ids = [self._put_result(f, ttl_s) if f is not None else None for f in (output, error)]
             self._db.execute(
                 "UPDATE batches SET state = 'completed', remote = ?, output_file_id = ?, error_file_id = ?"
                 " WHERE id = ?",
@@ -304,7 +339,7 @@ class Outbox:
 
     def fail(self, batch_id: str, code: str, message: str) -> None:
         """The gateway refused the batch (not a link failure): it ends here, failed, with the reason."""
-        now = int(time.time())
+        now = self._now()
         with self._lock:
             batch = self._batch(batch_id)
         if batch is None:
@@ -317,6 +352,15 @@ class Outbox:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+    def _now(self) -> int:
+        return int(self.clock())
+
+    def _sweep(self) -> int:
+        """Delete the files expired by now; now. (The lock is held; inside a transaction or not.)"""
+        now = self._now()
+        self._db.execute("DELETE FROM files WHERE expires_at <= ?", (now,))
+        return now
 
     def _page(self, table: str, limit: int, after: str | None, purpose: str | None) -> list[str]:
         """Ids newest first after the cursor `after`, `limit` + 1 of them (as the gateway pages)."""
@@ -355,16 +399,27 @@ class Outbox:
                 self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
         return True
 
-    def _put_result(self, fetched: Fetched) -> str:
+    def _output_ttl(self, batch_id: str) -> int | None:
+        """The lifetime the app gave the batch's result files (`output_expires_after`), if any."""
+        row = self._db.execute("SELECT request FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        if row is None:
+            return None
+        expiry = msgspec.json.decode(row[0], type=BatchCreateRequest).output_expires_after
+        return expiry.seconds if isinstance(expiry, ExpiresAfter) else None
+
+    def _put_result(self, fetched: Fetched, ttl_s: int | None) -> str:
+        """Store a result file (once per gateway file id), expiring `ttl_s` after it arrived here."""
+        now = self._now()
         self._db.execute(
-            "INSERT OR IGNORE INTO files (id, filename, purpose, created_at, content, idem_key, remote_id)"
-            " VALUES (?, ?, 'batch_output', ?, ?, '', ?)",
+            "INSERT OR IGNORE INTO files (id, filename, purpose, created_at, content, idem_key, remote_id,"
+            " expires_at) VALUES (?, ?, 'batch_output', ?, ?, '', ?, ?)",
             (
                 _new_id("file-"),
                 f"{fetched.remote_id}.jsonl",
-                int(time.time()),
+                now,
                 fetched.content,
                 fetched.remote_id,
+                None if ttl_s is None else now + ttl_s,
             ),
         )
         row = self._db.execute("SELECT id FROM files WHERE remote_id = ?", (fetched.remote_id,)).fetchone()
@@ -378,11 +433,14 @@ class Outbox:
 
     def _file(self, file_id: str) -> FileObject | None:
         row = self._db.execute(
-            "SELECT id, LENGTH(content), created_at, filename, purpose FROM files WHERE id = ?", (file_id,)
+            "SELECT id, LENGTH(content), created_at, filename, purpose, expires_at FROM files WHERE id = ?",
+            (file_id,),
         ).fetchone()
         if row is None:
             return None
-        return FileObject(id=row[0], bytes=row[1], created_at=row[2], filename=row[3], purpose=row[4])
+        return FileObject(
+            id=row[0], bytes=row[1], created_at=row[2], filename=row[3], purpose=row[4], expires_at=row[5]
+        )
 
     def _batch(self, batch_id: str) -> Batch | None:
         row = self._db.execute(

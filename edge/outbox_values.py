@@ -58,6 +58,7 @@ class Upload:
     purpose: str
     content: bytes
     idem_key: str
+    left_s: int | None  # seconds until the file expires (> 0: an expired file is no Upload); None: never
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,33 +1,36 @@
-"""The gateway as an ASGI app: Litestar routes inside the API-key check, inside request observation.
+"""The gateway as an ASGI app, one for every upstream (an engine or the fleet, backends/base.py):
+Litestar routes inside the API-key check, inside request observation.
 
 Observe (request id, log line, http metrics) -> Authenticate (who calls: a tenant's key, the
-server's --api-key or an open server; per-key limits) -> Litestar
+server's --api-key or an open server; per-key limits) -> Litestar (the OpenAI routes, the Files and
+Batch API, /health, /ready, /metrics, and the upstream's own routes)
 
-The app's lifespan starts and stops the batch runner (batch/runner.py), which runs the Batch API's work.
+The first app built over a `Gateway` owns its lifecycle: its lifespan starts the upstream (the
+fleet's health checks) and then the batch runner (batch/runner.py), and stops them in reverse. The
+edge listener's app (edge/server.py) shares the same state and runner.
 
 In worker mode (`ctxfuse worker`) the app serves the OpenAI routes and the internal routes a routing
 gateway reads (backends/worker.py), and no Batch API: the gateway in front runs batches.
 
-The app does not own the backend: whoever made it stops it (server.serve), so several apps (tests)
+The app does not own the engine: whoever made it stops it (server.serve), so several apps (tests)
 can share one engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from litestar import Litestar
 from litestar.datastructures import State
+from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
 from gateway.access.auth import Authenticate
 from gateway.access.keys import KeyStore
-from gateway.backends import worker as worker_routes
-from gateway.backends.engine import Backend
-from gateway.backends.worker import WorkerEngine
 from gateway.batch import routes as batch_routes
-from gateway.batch.executor import engine_executor
+from gateway.batch.executor import upstream_executor
 from gateway.batch.runner import BatchRunner
-from gateway.config import GatewayConfig
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.openai import routes as openai_routes
 from gateway.ops import routes as ops_routes
@@ -36,53 +39,71 @@ from gateway.ops.openapi import document_bodies
 from gateway.state import Gateway
 from shared.errors import CtxfuseError
 
+Hooks = list[Callable[[], Awaitable[None]]]
 
-def create_app(
-    backend: Backend,
-    config: GatewayConfig,
-    gateway: Gateway | None = None,
-    worker: WorkerEngine | None = None,
-) -> tuple[ASGIApp, Gateway]:
-    """The plain-HTTP OpenAI app; `gateway` shares state with an edge listener's app (edge/server.py).
-    With `worker` (the engine behind `backend`), the app of `ctxfuse worker`."""
-    if worker is not None and not config.api_key:
+
+def batch_runner(gateway: Gateway) -> BatchRunner:
+    """The process's one batch runner, made by the first app that serves the Batch API."""
+    if gateway.batches is None:
+        config = gateway.config
+        gateway.batches = BatchRunner(
+            upstream_executor(gateway),
+            config.data / "batches.sqlite",
+            max_running=config.max_running_batches,
+            file_ttl_s=config.file_ttl_s,
+        )
+    return gateway.batches
+
+
+def lifespan(gateway: Gateway, batches: BatchRunner | None) -> tuple[Hooks, Hooks]:
+    """(on_startup, on_shutdown) for the first app built over `gateway`; nothing for the others."""
+    if gateway.lifecycle_owned:
+        return [], []
+    gateway.lifecycle_owned = True
+    up = gateway.upstream
+    if batches is None:
+        return [up.start], [up.stop]
+    # the runner starts after the upstream: resumed batches find the fleet's backends known
+    return [up.start, batches.start], [batches.stop, up.stop]
+
+
+def litestar_app(
+    gateway: Gateway, routes: list[HTTPRouteHandler], batches: BatchRunner | None, openapi: bool = True
+) -> Litestar:
+    on_startup, on_shutdown = lifespan(gateway, batches)
+    schema = OpenAPIConfig(title="ctxfuse", version="0.1.0", path="/schema") if openapi else None
+    return Litestar(
+        route_handlers=routes,
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=gateway.config.max_body_bytes,
+        on_startup=on_startup,
+        on_shutdown=on_shutdown,
+        state=State({"gateway": gateway, "batches": batches}),
+        openapi_config=schema,
+        logging_config=None,
+    )
+
+
+def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
+    """The OpenAI port's app; `worker`: as `ctxfuse worker` (its router's key only, the tenant its
+    router names, no Batch API)."""
+    config = gateway.config
+    if worker and not config.api_key:
         raise CtxfuseError(
             "a worker needs a credential: start it with --api-key (or --api-key-file, or "
             "$CTXFUSE_API_KEY) and give the router the same key (--backend-key); its /internal routes "
             "are never open"
         )
-    gateway = gateway or Gateway(backend, config)
-    if worker is None:
-        batches = gateway.batches or BatchRunner(
-            engine_executor(gateway),
-            config.data / "batches.sqlite",
-            max_running=config.max_running_batches,
-            file_ttl_s=config.file_ttl_s,
-        )
-        gateway.batches = batches  # one per process, shared with the edge listener's app
-        routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *batch_routes.ROUTES]
-        state = State({"gateway": gateway, "batches": batches})
-        on_startup, on_shutdown = [batches.start], [batches.stop, gateway.images.close]
-    else:
-        routes = [*openai_routes.ROUTES, *ops_routes.ROUTES, *worker_routes.ROUTES]
-        state = State({"gateway": gateway, "worker": worker})
-        on_startup, on_shutdown = [], [gateway.images.close]
-    app = Litestar(
-        route_handlers=routes,
-        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
-        request_max_body_size=config.max_body_bytes,
-        on_startup=on_startup,
-        on_shutdown=on_shutdown,
-        state=state,
-        openapi_config=OpenAPIConfig(title="ctxfuse", version="0.1.0", path="/schema"),
-        logging_config=None,
-    )
+    routes: list[HTTPRouteHandler] = [*openai_routes.ROUTES, *ops_routes.ROUTES, *gateway.upstream.routes]
+    batches = None if worker else batch_runner(gateway)
+    if batches is not None:
+        routes += batch_routes.ROUTES
+    app = litestar_app(gateway, routes, batches)
     document_bodies(app)
     # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and
     # takes the tenant its router names (for the prefix-cache partition)
-    keys = KeyStore(config.data / "keys.sqlite") if worker is None else None
-    trust = worker is not None
+    keys = None if worker else KeyStore(config.data / "keys.sqlite")
     asgi = Authenticate(
-        app, api_key=config.api_key, keys=keys, limiter=gateway.limiter, trust_tenant_header=trust
+        app, api_key=config.api_key, keys=keys, limiter=gateway.limiter, trust_tenant_header=worker
     )
-    return Observe(asgi, gateway.metrics), gateway
+    return Observe(asgi, gateway.metrics)

@@ -44,8 +44,8 @@ class PermissionDeniedError(CtxfuseError):
     status = 403
     type = "invalid_request_error"
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code="permission_denied")
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="permission_denied")
 
 
 class RateLimitError(QueueFullError):

@@ -22,6 +22,7 @@ from cloud.engine.config import EngineConfig
 from cloud.model.registry import cache_dir
 from gateway.app import create_app
 from gateway.backends.engine import Backend, InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.backends.process import ProcessBackend
 from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
@@ -62,7 +63,7 @@ class GatewayServer(DrainingServer):
 
     async def on_tick(self, counter: int) -> bool:
         # uvicorn's main loop asks every 0.1 s whether to stop: a dead engine is a reason to
-        if self.exit_on_engine_death and not self.engine_died and not self.gateway.backend.is_alive():
+        if self.exit_on_engine_death and not self.engine_died and self.gateway.upstream.dead_reason():
             self.engine_died = True
             log.error("engine_dead_exiting")
             for companion in self.companions:
@@ -86,7 +87,8 @@ class GatewayServer(DrainingServer):
             cfg = self.gateway.config
             port = self.bound_port or cfg.port
             base = GatewayConfig(host=cfg.host, port=port, ssl_certfile=cfg.ssl_certfile).base_url
-            print(f"ctxfuse: serving {self.gateway.backend.model_name} at base_url={base}", flush=True)
+            name = self.gateway.upstream.model_name or "the fleet"
+            print(f"ctxfuse: serving {name} at base_url={base}", flush=True)
 
 
 def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:
@@ -116,8 +118,18 @@ def build_server(
     worker: WorkerEngine | None = None,
     exit_on_engine_death: bool = False,
 ) -> GatewayServer:
-    app, gateway = create_app(backend, config, Gateway(backend, config, chunk_store), worker)
-    return GatewayServer(uvicorn_config(app, config), gateway, announce, exit_on_engine_death)
+    gateway = engine_gateway(backend, config, chunk_store, worker)
+    return server_for(
+        gateway, worker=worker is not None, announce=announce, exit_on_engine_death=exit_on_engine_death
+    )
+
+
+def server_for(
+    gateway: Gateway, *, worker: bool = False, announce: bool = True, exit_on_engine_death: bool = False
+) -> GatewayServer:
+    """The OpenAI port's server over `gateway`, whatever its upstream."""
+    app = create_app(gateway, worker=worker)
+    return GatewayServer(uvicorn_config(app, gateway.config), gateway, announce, exit_on_engine_death)
 
 
 def open_chunk_store(config: GatewayConfig) -> ChunkStore:
@@ -130,7 +142,7 @@ def run_servers(server: GatewayServer) -> None:
     if server.gateway.config.edge_port is None:
         server.run()
         return
-    from gateway.edge.server import build_edge_server
+    from gateway.edge.server import build_edge_server  # it imports this module
 
     edge = build_edge_server(server.gateway)
     server.companions.append(edge)

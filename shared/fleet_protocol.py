@@ -32,6 +32,9 @@ class WorkerState(Struct, kw_only=True):
     load: WorkerLoad
     draining: bool  # finishing what runs, taking nothing new
     next_event: int  # the sequence number the next block event will get
+    # its context: what the router reserves against a key's tokens per minute for a request that
+    # sets no max_tokens (0 from a worker older than the field)
+    max_model_len: int = 0
 
 
 class BlockEvents(Struct, kw_only=True):

@@ -15,13 +15,14 @@ stay open.
 The route reads the caller from `request.state.principal` (and the admission ticket, for the tokens
 per minute it reserves once it knows the prompt's size, from `request.state.ticket`).
 
-Key lookups are cached for `LOOKUP_TTL_S`, so the event loop touches SQLite at most once per key and
-period, and a key revoked with `ctxfuse keys revoke` (another process) stops working within that
-period.
+Key lookups are cached for `LOOKUP_TTL_S`, so SQLite is asked at most once per key and period (on a
+worker thread, never on the event loop), and a key revoked with `ctxfuse keys revoke` (another
+process) stops working within that period.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import time
@@ -32,7 +33,7 @@ from typing import Any
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access.keys import KEY_PREFIX, ApiKey, KeyStore, check_tenant
-from gateway.access.limits import Limited, RateLimiter, Ticket
+from gateway.access.limits import Limited, RateLimiter, SettleOnClose, Ticket
 from gateway.encoding import encode
 from gateway.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 from shared.errors import CtxfuseError
@@ -61,12 +62,16 @@ class Principal:
         the only one of a server with no tenant keys)."""
         return None if self.tenant == DEFAULT_TENANT else self.tenant
 
-    def check_model(self, model: str) -> None:
-        """403 when the key may not use `model`."""
+    def check_model(self, model: str | None) -> None:
+        """403 when the key may not use `model` (None: the request names none and the server has no
+        default to check, so a key limited to some models must name one)."""
         allowed = self.key.limits.models if self.key is not None else None
         if allowed is not None and model not in allowed:
             raise PermissionDeniedError(
                 f"this API key may not use the model {model!r} (allowed: {', '.join(allowed)})"
+                if model is not None
+                else f"this API key may use only some models; name one of them ({', '.join(allowed)})",
+                param="model",
             )
 
 
@@ -109,7 +114,7 @@ class Authenticate:
         if scope["type"] != "http" or _is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        principal = self._principal(_bearer(scope))
+        principal = await self._principal(_bearer(scope))
         if principal is not None and principal.key is None and self._trust_tenant_header:
             principal = _forwarded_tenant(scope) or principal
         if principal is None:
@@ -127,10 +132,12 @@ class Authenticate:
             await _refuse(send, RateLimitError(ticket.message), headers + self.limiter.headers(key))
             return
         state["ticket"] = ticket
-        extra = self.limiter.headers(key)
 
         async def send_with_limits(message: Message) -> None:
             if message["type"] == "http.response.start":
+                # counted as the answer starts: this request's tokens included (reserved, or used
+                # when its answer is whole)
+                extra = self.limiter.headers(key)
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
@@ -139,7 +146,7 @@ class Authenticate:
         finally:
             self.limiter.release(ticket)
 
-    def _principal(self, token: bytes | None) -> Principal | None:
+    async def _principal(self, token: bytes | None) -> Principal | None:
         if (
             token is not None
             and self._api_key is not None
@@ -147,15 +154,15 @@ class Authenticate:
         ):
             return Principal(DEFAULT_TENANT)
         if token is not None and token.startswith(KEY_PREFIX.encode()) and self._keys is not None:
-            key = self._lookup(token)
+            key = await self._lookup(token)
             if key is not None:
                 return Principal(key.tenant, key)
             return None
-        if self._api_key is None and not self._store_has_keys():
+        if self._api_key is None and not await self._store_has_keys():
             return Principal(DEFAULT_TENANT)  # an open server
         return None
 
-    def _lookup(self, token: bytes) -> ApiKey | None:
+    async def _lookup(self, token: bytes) -> ApiKey | None:
         now = self._clock()
         digest = hashlib.sha256(token).digest()
         hit = self._cache.get(digest)
@@ -163,7 +170,7 @@ class Authenticate:
             return hit[1]
         assert self._keys is not None
         try:
-            key = self._keys.lookup(token.decode("ascii"))
+            key = await asyncio.to_thread(self._keys.lookup, token.decode("ascii"))
         except UnicodeDecodeError:
             key = None
         if len(self._cache) > 10_000:
@@ -171,11 +178,11 @@ class Authenticate:
         self._cache[digest] = (now, key)
         return key
 
-    def _store_has_keys(self) -> bool:
+    async def _store_has_keys(self) -> bool:
         now = self._clock()
         at, has = self._any_key
         if now - at >= LOOKUP_TTL_S:
-            has = self._keys is not None and bool(self._keys.list())
+            has = self._keys is not None and await asyncio.to_thread(self._keys.has_keys)
             self._any_key = (now, has)
         return has
 
@@ -236,3 +243,12 @@ def reserve_tokens(state: Any, limiter: RateLimiter, tokens: int) -> Ticket | No
     if refused is not None:
         raise RateLimitError(refused.message, retry_after_s=refused.retry_after_s)
     return ticket
+
+
+def reserve_settled(
+    state: Any, limiter: RateLimiter, prompt_tokens: int, most_tokens: int
+) -> SettleOnClose | None:
+    """Reserve a request's most tokens (429 when they do not fit); what settles the reservation to
+    the real count (prompt + generated) when its generations close. None: the key has no limits."""
+    ticket = reserve_tokens(state, limiter, most_tokens)
+    return None if ticket is None else SettleOnClose(limiter, ticket, prompt_tokens)

@@ -18,13 +18,13 @@ import base64
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import InvalidRequestError, NotFoundError
+from shared.sqlite_store import open_db
 from shared.tenant_name import TENANT_RULE, is_tenant_name
 
 KEY_PREFIX = "cfk_"
@@ -98,12 +98,9 @@ class KeyStore:
     """The keys table. Safe to share across threads (one connection behind a lock)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = open_db(path, durable=True)
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
@@ -165,6 +162,11 @@ class KeyStore:
         if row is None:
             raise NotFoundError(f"no key with id {key_id!r}")
         return _record(row)
+
+    def has_keys(self) -> bool:
+        """Whether any key was ever created (revoked ones too): then the server requires one."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
 
     def list(self, tenant: str | None = None) -> list[ApiKey]:
         query = f"SELECT {_COLUMNS} FROM keys"

@@ -36,17 +36,26 @@ class Limited:
 
 
 @dataclass(slots=True)
+class _Spend:
+    """Tokens one request reserved at `at`, then what it used: settled in place, so a key with many
+    requests in its window settles each in constant time."""
+
+    at: float
+    tokens: int
+
+
+@dataclass(slots=True)
 class _Usage:
     requests: deque[float] = field(default_factory=deque)  # admission times in the window
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens) in the window
+    tokens: deque[_Spend] = field(default_factory=deque)  # reservations in the window, oldest first
     token_sum: int = 0
     in_flight: int = 0
 
     def expire(self, now: float) -> None:
         while self.requests and self.requests[0] <= now - WINDOW_S:
             self.requests.popleft()
-        while self.tokens and self.tokens[0][0] <= now - WINDOW_S:
-            self.token_sum -= self.tokens.popleft()[1]
+        while self.tokens and self.tokens[0].at <= now - WINDOW_S:
+            self.token_sum -= self.tokens.popleft().tokens
 
 
 @dataclass(slots=True)
@@ -54,8 +63,7 @@ class Ticket:
     """One admitted request: released once (its in-flight slot), its tokens settled once."""
 
     key_id: str
-    reserved: int = 0
-    reserved_at: float = 0.0
+    spend: _Spend | None = None  # its reservation, until settled
     released: bool = False
 
 
@@ -107,22 +115,21 @@ class RateLimiter:
                 f"this request may use {tokens})",
                 _tokens_free_in(usage, tpm - tokens, now),
             )
-        usage.tokens.append((now, tokens))
+        ticket.spend = _Spend(now, tokens)
+        usage.tokens.append(ticket.spend)
         usage.token_sum += tokens
-        ticket.reserved, ticket.reserved_at = tokens, now
         return None
 
     def settle(self, ticket: Ticket, used: int) -> None:
         """Replace the reservation with the tokens the request really used (once)."""
-        usage = self._usage.get(ticket.key_id)
-        if usage is None or not ticket.reserved:
+        usage, spend = self._usage.get(ticket.key_id), ticket.spend
+        ticket.spend = None
+        if usage is None or spend is None:
             return
-        for i, (at, n) in enumerate(usage.tokens):
-            if at == ticket.reserved_at and n == ticket.reserved:
-                usage.tokens[i] = (at, used)
-                usage.token_sum += used - n
-                break
-        ticket.reserved = 0
+        # a spend that left the window was subtracted at its reserved size: only one still in it counts
+        if usage.tokens and usage.tokens[0].at <= spend.at:
+            usage.token_sum += used - spend.tokens
+        spend.tokens = used
 
     def release(self, ticket: Ticket) -> None:
         """The request ended: free its in-flight slot (once)."""
@@ -142,7 +149,7 @@ class RateLimiter:
             reset = usage.requests[0] + WINDOW_S - now if usage.requests else 0.0
             out += _triple("requests", lim.rpm, lim.rpm - len(usage.requests), reset)
         if lim.tpm is not None:
-            reset = usage.tokens[0][0] + WINDOW_S - now if usage.tokens else 0.0
+            reset = usage.tokens[0].at + WINDOW_S - now if usage.tokens else 0.0
             out += _triple("tokens", lim.tpm, lim.tpm - usage.token_sum, reset)
         return out
 
@@ -150,11 +157,11 @@ class RateLimiter:
 def _tokens_free_in(usage: _Usage, room: int, now: float) -> float:
     """Seconds until the window's total falls to `room` or below, as its oldest entries expire."""
     total = usage.token_sum
-    for at, n in usage.tokens:
+    for spend in usage.tokens:
         if total <= room:
             break
-        total -= n
-        wait = at + WINDOW_S - now
+        total -= spend.tokens
+        wait = spend.at + WINDOW_S - now
         if total <= room:
             return max(wait, 0.0)
     return 0.0

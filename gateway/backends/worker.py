@@ -10,7 +10,7 @@ routes, since a worker's prefix cache says something about its users' prompts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import msgspec
 from litestar import Request, Response, get
@@ -18,6 +18,7 @@ from litestar.params import FromQuery
 
 from cloud.engine.block_events import BlockEventLog
 from cloud.engine.core import EngineCore
+from gateway.backends.engine import Backend
 from gateway.encoding import encode
 from gateway.state import Gateway
 from shared.fleet_protocol import HASH_SCHEME, WorkerLoad, WorkerState
@@ -38,14 +39,25 @@ class WorkerEngine:
         return cls(core.kv_plan.block_size, core.config.max_num_seqs, core.block_events)
 
 
-def _parts(request: Request[Any, Any, Any]) -> tuple[Gateway, WorkerEngine]:
-    return request.app.state.gateway, request.app.state.worker
+class _WorkerUpstream(Protocol):
+    backend: Backend
+    worker: WorkerEngine | None
 
 
-def worker_state(gw: Gateway, engine: WorkerEngine) -> WorkerState:
-    stats = gw.backend.stats()
+def _parts(request: Request[Any, Any, Any]) -> tuple[Gateway, Backend, WorkerEngine]:
+    """The routes are mounted only over an engine upstream with a worker (backends/local.py)."""
+    gw: Gateway = request.app.state.gateway
+    up = cast(_WorkerUpstream, gw.upstream)
+    if up.worker is None:
+        raise RuntimeError("the internal routes need a worker's engine")
+    return gw, up.backend, up.worker
+
+
+def worker_state(gw: Gateway, backend: Backend, engine: WorkerEngine) -> WorkerState:
+    stats = backend.stats()
     return WorkerState(
-        model=gw.backend.model_name,
+        model=backend.model_name,
+        max_model_len=backend.max_model_len,
         epoch=engine.events.epoch,
         block_size=engine.block_size,
         hash_scheme=HASH_SCHEME,
@@ -69,7 +81,7 @@ async def state(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def blocks(
     request: Request[Any, Any, Any], since: FromQuery[int] = 0, epoch: FromQuery[str | None] = None
 ) -> Response[bytes]:
-    _, engine = _parts(request)
+    _, _, engine = _parts(request)
     return Response(msgspec.msgpack.encode(engine.events.since(epoch, since)), media_type=MSGPACK)
 
 

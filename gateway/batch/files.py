@@ -37,6 +37,7 @@ import msgspec
 from gateway.encoding import encode
 from shared.batch_protocol import FileObject
 from shared.sql_page import newest_first
+from shared.sqlite_store import ensure_columns, open_db
 
 # the whole database: files and keys (here), batches and their requests (batch/store.py)
 _SCHEMA = """
@@ -63,12 +64,13 @@ OWNED = "AND (? IS NULL OR owner = ?)"
 # `... {LIVE}` with (now,): the file unless it has expired
 LIVE = "AND (expires_at IS NULL OR expires_at > ?)"
 # columns added since the first schema: a database made before them gets them (NULL, or the default)
-_ADDED = (
-    ("files", "owner", "TEXT NOT NULL DEFAULT 'default'"),  # before tenants: everything is the default's
-    ("batches", "owner", "TEXT NOT NULL DEFAULT 'default'"),
-    ("files", "expires_at", "INTEGER"),  # before expiry: files never expire
-    ("batches", "output_ttl_s", "INTEGER"),
-)
+_ADDED = {
+    "files": {
+        "owner": "TEXT NOT NULL DEFAULT 'default'",  # before tenants: everything is the default's
+        "expires_at": "INTEGER",  # before expiry: files never expire
+    },
+    "batches": {"owner": "TEXT NOT NULL DEFAULT 'default'", "output_ttl_s": "INTEGER"},
+}
 KEY_TTL_S = 24 * 3600  # how long an Idempotency-Key names its object (as Stripe and OpenAI keep them)
 
 
@@ -102,24 +104,17 @@ class FileStore:
     ) -> None:
         """`clock`: seconds since the epoch, deciding what has expired; `default_ttl_s`: the lifetime of
         a file made without one (None: until deleted, as OpenAI keeps them)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         self._default_ttl_s = default_ttl_s
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        # before any table exists (it has no effect on an older database): sweep() can give the pages
-        # of expired files back to the filesystem
-        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit is on disk before the client hears of it, so power loss cannot roll back an
-        # acknowledged upload, create or cancel (NORMAL in WAL may lose the last commits: work run twice)
-        self._db.execute("PRAGMA synchronous=FULL")
+        # durable (synchronous=FULL): a commit is on disk before the client hears of it, so power loss
+        # cannot roll back an acknowledged upload, create or cancel (NORMAL in WAL may lose the last
+        # commits: work run twice). Incremental vacuum: sweep() can give the pages of expired files
+        # back to the filesystem (on a database made since; it has no effect on an older one).
+        self._db = open_db(path, durable=True, incremental_vacuum=True)
         self._db.executescript(_SCHEMA)
-        for table, column, kind in _ADDED:
-            columns = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        for table, columns in _ADDED.items():
+            ensure_columns(self._db, table, columns)
 
     def close(self) -> None:
         with self._lock:

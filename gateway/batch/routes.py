@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import msgspec
 from litestar import Request, Response, delete, get, post
-from litestar.datastructures import FormMultiDict, UploadFile
+from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
@@ -36,22 +35,19 @@ from gateway.errors import ConflictError, IdempotencyKeyReusedError, RequestTooL
 from gateway.openai.decode import decode_body
 from shared.batch_protocol import (
     BATCH_ENDPOINTS,
-    EXPIRES_MAX_S,
-    EXPIRES_MIN_S,
     BatchCreateRequest,
-    ExpiresAfter,
     FileDeleted,
     FileObject,
     batch_list,
     file_list,
 )
 from shared.errors import InvalidRequestError, NotFoundError
+from shared.file_expiry import check_output_expiry, upload_expiry
 
 MAX_FILE_BYTES = 100 * 2**20  # per uploaded file (OpenAI allows 200 MB for batch input)
 _FORM_OVERHEAD = 2**20  # multipart boundaries and headers around the file
 MAX_KEY_CHARS = 255
 _PIECE_BYTES = 2**20  # file content is read and sent this much at a time
-_INTEGER = re.compile(r"-?[0-9]{1,12}")
 AnyRequest = Request[Any, Any, Any]
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -99,30 +95,6 @@ def _created(obj: T | KeyReused) -> T:
 # -- files ------------------------------------------------------------------------------------
 
 
-def _check_seconds(seconds: int, param: str) -> int:
-    if not EXPIRES_MIN_S <= seconds <= EXPIRES_MAX_S:
-        raise InvalidRequestError(
-            f"{param} must be between {EXPIRES_MIN_S} (1 hour) and {EXPIRES_MAX_S} (30 days), got {seconds}",
-            param=param,
-        )
-    return seconds
-
-
-def _expires_after(form: FormMultiDict) -> int | None:
-    """The upload's lifetime in seconds from `expires_after[anchor]` and `expires_after[seconds]` (as
-    openai-python sends them), or None when neither is given."""
-    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
-    if anchor is None and seconds is None:
-        return None
-    if anchor != "created_at":
-        raise InvalidRequestError("expires_after[anchor] must be 'created_at'", param="expires_after[anchor]")
-    if not isinstance(seconds, str) or _INTEGER.fullmatch(seconds) is None:
-        raise InvalidRequestError(
-            "expires_after[seconds] must be a whole number of seconds", param="expires_after[seconds]"
-        )
-    return _check_seconds(int(seconds), "expires_after[seconds]")
-
-
 async def _upload(request: AnyRequest) -> tuple[str, UploadFile, int | None]:
     if request.content_type[0] != "multipart/form-data":
         raise InvalidRequestError("send the file as multipart/form-data with `file` and `purpose` fields")
@@ -134,7 +106,7 @@ async def _upload(request: AnyRequest) -> tuple[str, UploadFile, int | None]:
         raise InvalidRequestError(f"purpose {purpose!r} is not supported here; use 'batch'", param="purpose")
     if not isinstance(upload, UploadFile):
         raise InvalidRequestError("the form needs a `file` field holding the file", param="file")
-    return purpose, upload, _expires_after(form)
+    return purpose, upload, upload_expiry(form)
 
 
 @post(
@@ -224,8 +196,7 @@ async def _check_batch(req: BatchCreateRequest, request: AnyRequest) -> None:
         raise InvalidRequestError(
             "metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters", param="metadata"
         )
-    if isinstance(req.output_expires_after, ExpiresAfter):
-        _check_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
+    check_output_expiry(req)
     f = await _off_loop(_runner(request).store.get_file, req.input_file_id, _owner(request))
     if f is None:
         raise NotFoundError(f"no file with id {req.input_file_id!r}", param="input_file_id")

@@ -27,6 +27,8 @@ class GatewayBenchOptions:
     connections: int = 1  # for the added-latency comparison
     steps: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # connection counts for the rate search
     p99_budget_ms: float = 50.0
+    # also serve the gateway on uvicorn's httptools without connection limits, side by side
+    compare_unlimited: bool = False
 
 
 def request_body(streaming: bool) -> str:
@@ -62,7 +64,11 @@ def _best_within(results: list[LoadResult], budget_ms: float) -> dict[str, float
 
 
 def _measure_mode(
-    gateway: ServerProcess, streaming: bool, opts: GatewayBenchOptions, tmp: Path
+    gateway: ServerProcess,
+    streaming: bool,
+    opts: GatewayBenchOptions,
+    tmp: Path,
+    unlimited: ServerProcess | None = None,
 ) -> dict[str, Any]:
     body = request_body(streaming)
     headers, reply = _post(gateway.url + ROUTE, body)
@@ -74,6 +80,8 @@ def _measure_mode(
         if _post(baseline.url + ROUTE, body)[1] != b"".join(Recorded.load(recorded_path).chunks):
             raise CtxfuseError("the baseline app does not answer with the recorded bytes")
         servers = {"gateway": gateway, "baseline": baseline}
+        if unlimited is not None:
+            servers["gateway_unlimited"] = unlimited
         for s in servers.values():
             run_wrk(s.url + ROUTE, body, max(opts.steps), WARMUP_S)
         fixed = {
@@ -84,12 +92,21 @@ def _measure_mode(
     finally:
         baseline.stop()
     g, b = fixed["gateway"], fixed["baseline"]
+    limits: dict[str, Any] = {}
+    if unlimited is not None:
+        u = fixed["gateway_unlimited"]
+        limits = {
+            "gateway_unlimited": u.as_dict(),
+            "connection_limits_p50_ms": round(g.p50_ms - u.p50_ms, 3),
+            "connection_limits_p99_ms": round(g.p99_ms - u.p99_ms, 3),
+        }
     return {
         "response_bytes": len(reply),
         "gateway": g.as_dict(),
         "baseline": b.as_dict(),
         "added_p50_ms": round(g.p50_ms - b.p50_ms, 3),
         "added_p99_ms": round(g.p99_ms - b.p99_ms, 3),
+        **limits,
         f"max_rate_p99_under_{opts.p99_budget_ms:g}ms": {
             name: _best_within(rs, opts.p99_budget_ms) for name, rs in steps.items()
         },
@@ -110,11 +127,16 @@ def run(opts: GatewayBenchOptions) -> dict[str, Any]:
         "servers": "uvicorn, 1 worker each, own process, loopback; the gateway with an instant fake engine",
     }
     gateway = ServerProcess("gateway")
+    unlimited = ServerProcess("gateway-unlimited") if opts.compare_unlimited else None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             gateway.wait_ready()
+            if unlimited is not None:
+                unlimited.wait_ready()
             for name, streaming in (("non_streaming", False), ("streaming", True)):
-                result[name] = _measure_mode(gateway, streaming, opts, Path(tmp))
+                result[name] = _measure_mode(gateway, streaming, opts, Path(tmp), unlimited)
         finally:
             gateway.stop()
+            if unlimited is not None:
+                unlimited.stop()
     return result

@@ -2,6 +2,9 @@
 
 `python -m gateway.bench.serve gateway PORT` serves the full gateway (default GatewayConfig, its
 request log included, written to a discarded stderr) over the instant engine;
+`python -m gateway.bench.serve gateway-unlimited PORT` serves the same gateway on uvicorn's own
+httptools protocol, without the connection limits (shared/conn_limits.py) every listener has: what
+those limits cost, measured beside the real thing (`ctxfuse bench gateway --compare-unlimited`);
 `python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app;
 `python -m gateway.bench.serve edge PORT EDGE_PORT TLS_DIR STORE` serves the gateway and its
 mutual-TLS edge listener over the instant engine (for `ctxfuse bench edge`).
@@ -63,7 +66,7 @@ class ServerProcess:
             self.proc.wait()
 
 
-def _serve_gateway(port: int) -> None:
+def _serve_gateway(port: int, limited: bool = True) -> None:
     from gateway.bench.fake_engine import InstantBackend
     from gateway.config import GatewayConfig
     from gateway.ops.logs import configure_logging
@@ -72,7 +75,10 @@ def _serve_gateway(port: int) -> None:
     with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-gateway-") as data:  # never the user's data dir
         config = GatewayConfig(port=port, data_dir=Path(data))
         configure_logging(config.log_level)
-        build_server(InstantBackend(), config, announce=False).run()
+        server = build_server(InstantBackend(), config, announce=False)
+        if not limited:  # uvicorn resolves the protocol when it starts: before that it can be swapped
+            server.config.http = "httptools"
+        server.run()
 
 
 def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> None:
@@ -108,6 +114,8 @@ def main(argv: list[str]) -> int:
     kind, port = argv[0], int(argv[1])
     if kind == "gateway":
         _serve_gateway(port)
+    elif kind == "gateway-unlimited":
+        _serve_gateway(port, limited=False)
     elif kind == "edge":
         _serve_edge_gateway(port, int(argv[2]), Path(argv[3]), Path(argv[4]))
     else:

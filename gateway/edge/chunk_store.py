@@ -30,7 +30,6 @@ Thread-safe: one connection, one lock; calls are short and the gateway may make 
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from typing import Any
 
 from shared.chunking import digest as chunk_digest
 from shared.compression import ChunkError
+from shared.sqlite_store import open_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
@@ -65,17 +65,14 @@ class ChunkStore:
     def __init__(self, path: Path | str, max_bytes: int) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
         # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE) in _transaction.
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL is enough here: a chunk lost to power loss is only a cache miss. The edge link answers a
-        # request naming it with 409 and the missing digests, the agent re-sends them (edge/acked.py is
-        # a hint it then forgets), and no request is run or acknowledged on a chunk the store lacks.
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # Not durable (synchronous=NORMAL): a chunk lost to power loss is only a cache miss. The edge
+        # link answers a request naming it with 409 and the missing digests, the agent re-sends them
+        # (edge/acked.py is a hint it then forgets), and no request is run or acknowledged on a chunk
+        # the store lacks.
+        self._db = open_db(path, durable=False)
         self._db.executescript(_SCHEMA)
         self.hits = 0  # chunks found by missing() and get_many()
         self.misses = 0  # chunks not found by them

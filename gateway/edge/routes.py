@@ -8,20 +8,22 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, post
+from litestar import Request, post
 
 from gateway.access.auth import principal_of
+from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered
 from gateway.edge.budget import ExpansionBudget, check_ref_count
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.link import expand, store_new_chunks
 from gateway.errors import ServiceUnavailableError
-from gateway.openai.routes import gateway_of, serve_chat, serve_completion
+from gateway.openai.routes import answer, gateway_of
 from gateway.ops.metrics import Metrics
 from gateway.ops.observe import annotate
 from shared.edge_protocol import EdgeRequest
 from shared.errors import InvalidRequestError
 
 AnyRequest = Request[Any, Any, Any]
+_PATHS = {"chat.completions": CHAT_PATH, "completions": COMPLETIONS_PATH}
 
 
 def device_of(request: AnyRequest) -> str | None:
@@ -31,16 +33,14 @@ def device_of(request: AnyRequest) -> str | None:
 
 
 @post("/edge/v1/request", status_code=200, summary="An OpenAI request over the edge link (msgpack)")
-async def edge_request(request: AnyRequest) -> Response[Any]:
+async def edge_request(request: AnyRequest) -> Answered:
     arrival = time.monotonic()
     gw = gateway_of(request)
     store = gw.chunk_store
     if store is None:
         raise ServiceUnavailableError("this gateway keeps no chunk store")
     endpoint, body = await receive_edge_request(request, store, gw.metrics)
-    if endpoint == "chat.completions":
-        return await serve_chat(request, body, arrival)
-    return await serve_completion(request, body, arrival)
+    return await answer(request, _PATHS[endpoint], body, arrival)
 
 
 async def receive_edge_request(request: AnyRequest, store: ChunkStore, metrics: Metrics) -> tuple[str, bytes]:

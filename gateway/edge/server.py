@@ -1,9 +1,10 @@
 """The edge listener: a second uvicorn server in the gateway's process, on its own port, that takes
 only clients with a device certificate from our CA that is not revoked (shared/tls.py), and serves
-the edge routes, the model list and the Batch API (the agent's outbox forwards batches here). It
-shares the gateway's state (engine, metrics, chunk store, batch runner) with the plain-HTTP app, and
-starts and stops with it. The batch runner is one per process: the plain app makes and runs it; an
-edge listener serving alone (tests) makes and runs its own.
+the edge routes, the model list and the Batch API (the agent's outbox forwards batches here), over
+an engine or a fleet alike. It shares the gateway's state (upstream, metrics, chunk store, batch
+runner) with the plain-HTTP app, and starts and stops with it. The batch runner is one per process:
+the first app built makes it and its lifespan runs it (an edge listener serving alone, in tests,
+runs its own).
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ import contextlib
 from collections.abc import Iterator
 
 import uvicorn
-from litestar import Litestar
-from litestar.datastructures import State
 from litestar.types import ASGIApp
 
+from gateway.app import batch_runner, litestar_app
 from gateway.batch import routes as batch_routes
-from gateway.batch.executor import engine_executor
-from gateway.batch.runner import BatchRunner
 from gateway.config import GatewayConfig
 from gateway.edge import routes as edge_routes
 from gateway.edge.device_limit import DeviceLimit
-from gateway.errors import EXCEPTION_HANDLERS
 from gateway.openai.routes import list_models, retrieve_model
 from gateway.ops.observe import Observe
 from gateway.server import bound_port
@@ -32,23 +29,11 @@ from shared.tls import edge_listener
 
 
 def create_edge_app(gateway: Gateway) -> ASGIApp:
-    owns_runner = gateway.batches is None
-    batches = gateway.batches or BatchRunner(
-        engine_executor(gateway),
-        gateway.config.data / "batches.sqlite",
-        max_running=gateway.config.max_running_batches,
-    )
-    gateway.batches = batches
-    app = Litestar(
-        route_handlers=[*edge_routes.ROUTES, list_models, retrieve_model, *batch_routes.ROUTES],
-        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
-        request_max_body_size=gateway.config.max_body_bytes,
-        on_startup=[batches.start] if owns_runner else [],
-        on_shutdown=[batches.stop] if owns_runner else [],
-        state=State({"gateway": gateway, "batches": batches}),
-        openapi_config=None,
-        logging_config=None,
-    )
+    """The edge routes, the model list and the Batch API over the gateway's state, whatever its
+    upstream; devices are authenticated by their certificate (shared/tls.py), not by a key."""
+    batches = batch_runner(gateway)
+    routes = [*edge_routes.ROUTES, list_models, retrieve_model, *batch_routes.ROUTES]
+    app = litestar_app(gateway, routes, batches, openapi=False)
     limited = DeviceLimit(app, gateway.config.device_max_in_flight)
     return Observe(limited, gateway.metrics)
 
@@ -74,12 +59,12 @@ class EdgeServer(uvicorn.Server):
 
 
 def build_edge_server(gateway: Gateway) -> EdgeServer:
-    # lifespan on: it runs the batch runner when this app owns it
-    return edge_server_for(create_edge_app(gateway), gateway.config, lifespan="on")
+    # its lifespan starts the upstream and the batch runner when this app is the first one built
+    return edge_server_for(create_edge_app(gateway), gateway.config)
 
 
-def edge_server_for(app: ASGIApp, cfg: GatewayConfig, lifespan: str) -> EdgeServer:
-    """The mutual-TLS listener on --edge-host/--edge-port for `app` (a gateway's or a router's)."""
+def edge_server_for(app: ASGIApp, cfg: GatewayConfig) -> EdgeServer:
+    """The mutual-TLS listener on --edge-host/--edge-port for `app`."""
     if cfg.tls_dir is None or cfg.edge_port is None:
         raise ValueError("the edge listener needs --edge-port and --tls-dir")
     listener = edge_listener(
@@ -92,7 +77,7 @@ def edge_server_for(app: ASGIApp, cfg: GatewayConfig, lifespan: str) -> EdgeServ
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.shutdown_timeout_s),
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
-        lifespan=lifespan,
+        lifespan="on",
         limits=cfg.conn_limits,
     )
     return EdgeServer(listener.config)

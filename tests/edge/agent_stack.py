@@ -17,10 +17,9 @@ import uvicorn
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.backends.fleet.edge import build_fleet_edge_server
 from gateway.backends.fleet.serve import build_fleet_server
 from gateway.config import GatewayConfig
-from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.server import build_edge_server
 from gateway.ops.metrics import Metrics
 from gateway.server import serve_together
 from shared.certs import init_ca, issue_device, issue_server
@@ -69,15 +68,17 @@ def gatewayside(tmp: Path) -> Iterator[Gatewayside]:
     issue_device(tls, "dev1")
     stub = StubServer("a")
     config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=tls, data_dir=tmp / "gw")
-    server, fleet = build_fleet_server(fleet_of(stub), config, rng=random.Random(0))
-    store = ChunkStore(tmp / "chunks.sqlite", 64 * 2**20)
-    edge = build_fleet_edge_server(fleet, store, server.batches, server.metrics, config)
+    config = replace(config, chunk_store=tmp / "chunks.sqlite", chunk_store_mib=64)
+    server, _ = build_fleet_server(fleet_of(stub), config, rng=random.Random(0))
+    store = server.gateway.chunk_store
+    assert store is not None
+    edge = build_edge_server(server.gateway)
     server.companions.append(edge)
     thread = threading.Thread(target=serve_together, args=(server, edge), daemon=True, name="fleet+edge")
     thread.start()
     try:
         _started(server, edge)
-        yield Gatewayside(tls, f"https://127.0.0.1:{_port(edge)}", stub, server.metrics)
+        yield Gatewayside(tls, f"https://127.0.0.1:{_port(edge)}", stub, server.gateway.metrics)
     finally:
         server.should_exit = edge.should_exit = True
         thread.join(timeout=15)
@@ -88,7 +89,14 @@ def gatewayside(tmp: Path) -> Iterator[Gatewayside]:
 @contextmanager
 def running_agent(config: EdgeConfig) -> Iterator[str]:
     """The agent served on 127.0.0.1; yields its base URL (without /v1)."""
-    server = uvicorn.Server(agent_uvicorn_config(Agent(config), "127.0.0.1", 0))
+    with serving(Agent(config)) as url:
+        yield url
+
+
+@contextmanager
+def serving(agent: Agent) -> Iterator[str]:
+    """`agent` served on 127.0.0.1 (for a test that also reaches into it); yields its base URL."""
+    server = uvicorn.Server(agent_uvicorn_config(agent, "127.0.0.1", 0))
     thread = threading.Thread(target=server.run, daemon=True, name="agent")
     thread.start()
     try:

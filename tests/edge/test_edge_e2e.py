@@ -27,6 +27,7 @@ from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import EngineUpstream, engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.server import build_edge_server
@@ -98,7 +99,7 @@ def link(loaded_model: LoadedModel, pki: Path, tmp_path_factory: pytest.TempPath
     backend = InProcessBackend(AsyncEngine(EngineCore(ENGINE, loaded_model)))
     store_path = state / "chunks.sqlite"
     config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=pki, data_dir=state / "gw")
-    gateway = Gateway(backend, config, ChunkStore(store_path, 256 * 2**20))
+    gateway = engine_gateway(backend, config, ChunkStore(store_path, 256 * 2**20))
     edge = build_edge_server(gateway)
     gateway_url = f"https://127.0.0.1:{start(edge, 'edge-listener')}"
     agent, agent_server, agent_url = agent_for(pki, gateway_url, "dev1", state / "dev1")
@@ -244,7 +245,9 @@ def test_the_edge_route_is_not_served_on_the_plain_port(link: Link, tmp_path: Pa
     from gateway.server import build_server
 
     config = GatewayConfig(port=0, data_dir=tmp_path / "gw")
-    server = build_server(link.gateway.backend, config, announce=False)
+    upstream = link.gateway.upstream
+    assert isinstance(upstream, EngineUpstream)
+    server = build_server(upstream.backend, config, announce=False)
     port = start(server, "plain")
     try:
         r = httpx.post(f"http://127.0.0.1:{port}/edge/v1/request", content=b"\x80", timeout=10)

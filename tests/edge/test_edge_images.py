@@ -16,11 +16,11 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.bench.edge.pictures import encoded, photo, traffic_light
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.server import build_edge_server
-from gateway.state import Gateway
 
 from ..gateway.conftest import Running, run_in_thread
 from ..gateway.test_images_api import bomb_png, data_url, image_message
@@ -57,7 +57,7 @@ def both(
         # hashes, so they share the cache (the explicit opt-in; by default each has its own)
         share_prefix_cache=True,
     )
-    gateway = Gateway(backend, config, ChunkStore(state / "chunks.sqlite", 64 * 2**20))
+    gateway = engine_gateway(backend, config, ChunkStore(state / "chunks.sqlite", 64 * 2**20))
     edge = build_edge_server(gateway)
     gateway_url = f"https://127.0.0.1:{start(edge, 'edge-listener')}"
     agent, agent_server, agent_url = agent_for(pki, gateway_url, "dev1", state / "dev1")

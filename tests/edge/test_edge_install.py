@@ -24,12 +24,12 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.bench.edge.pictures import encoded, traffic_light
 from gateway.bench.serve import free_port
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.server import build_edge_server
-from gateway.state import Gateway
 
 from ..gateway.test_images_api import data_url, image_message
 from .test_edge_e2e import ENGINE, MODEL, start
@@ -103,7 +103,7 @@ def edge_run(
 
     backend = InProcessBackend(AsyncEngine(EngineCore(ENGINE, loaded_model)))
     config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=tls, data_dir=tmp / "gw")
-    gateway = Gateway(backend, config, ChunkStore(tmp / "chunks.sqlite", 64 * 2**20))
+    gateway = engine_gateway(backend, config, ChunkStore(tmp / "chunks.sqlite", 64 * 2**20))
     listener: uvicorn.Server = build_edge_server(gateway)
     gateway_url = f"https://127.0.0.1:{start(listener, 'edge-listener')}"
 

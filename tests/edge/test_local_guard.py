@@ -17,7 +17,8 @@ import openai
 import pytest
 from structlog.testing import capture_logs
 
-from ctxfuse.edge_cli import EDGE_KEY_ENV, _agent_key, _Refused, add_edge_parser
+from ctxfuse.cli_values import SecretRefused
+from ctxfuse.edge_cli import AGENT_KEY, add_edge_parser
 from edge.local_guard import host_name, is_loopback
 from edge.server import agent_server
 
@@ -217,16 +218,19 @@ def _cli(*argv: str) -> argparse.Namespace:
 def test_the_cli_takes_the_key_from_the_flag_a_file_or_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(EDGE_KEY_ENV, raising=False)
-    assert _agent_key(_cli()) is None
+    monkeypatch.delenv(AGENT_KEY.env, raising=False)
+    assert AGENT_KEY.read(_cli()) is None
     key_file = tmp_path / "key"
     key_file.write_text("k2\nignored\n")
-    monkeypatch.setenv(EDGE_KEY_ENV, "k3")
-    assert _agent_key(_cli("--api-key", "k1", "--api-key-file", str(key_file))) == "k1"
-    assert _agent_key(_cli("--api-key-file", str(key_file))) == "k2"  # given on the line: before the env
-    assert _agent_key(_cli()) == "k3"
+    monkeypatch.setenv(AGENT_KEY.env, "k3")
+    assert AGENT_KEY.read(_cli("--api-key", "k1")) == "k1"
+    assert AGENT_KEY.read(_cli("--api-key-file", str(key_file))) == "k2"  # given on the line: before the env
+    assert AGENT_KEY.read(_cli()) == "k3"
     (tmp_path / "empty").write_text("\n")
     for bad in (tmp_path / "missing", tmp_path / "empty"):
-        assert isinstance(_agent_key(_cli("--api-key-file", str(bad))), _Refused)
+        with pytest.raises(SecretRefused, match=str(bad)):
+            AGENT_KEY.read(_cli("--api-key-file", str(bad)))
+    with pytest.raises(SecretRefused, match="not both"):  # which one was meant? neither is guessed
+        AGENT_KEY.read(_cli("--api-key", "k1", "--api-key-file", str(key_file)))
     args = _cli("--allowed-host", "a.lan", "--allowed-host", "b.lan", "--allowed-origin", PAGE)
     assert (args.allowed_host, args.allowed_origin) == (["a.lan", "b.lan"], [PAGE])

@@ -30,9 +30,9 @@ from edge.forwarder import backoff_delay
 from edge.outbox import Outbox
 from edge.server import agent_uvicorn_config
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.server import build_edge_server
-from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server
 from shared.dir_lock import DirInUse
 
@@ -81,7 +81,7 @@ class Cloud:
         config = GatewayConfig(
             port=0, edge_host="127.0.0.1", edge_port=self.port, tls_dir=self.tls, data_dir=self.data
         )
-        self.server = build_edge_server(Gateway(self.backend, config))
+        self.server = build_edge_server(engine_gateway(self.backend, config))
         self.server.announce = False
         start(self.server, f"edge-listener-{self.port}")
 
@@ -364,6 +364,14 @@ def test_batches_and_files_list_newest_first_with_a_cursor(cloud: Cloud, tmp_pat
             client.files.retrieve(spare)
     finally:
         dev.stop()
+
+
+def test_an_accepted_batch_is_on_disk_before_it_is_acknowledged(tmp_path: Path) -> None:
+    # synchronous=FULL (2) in WAL: a file or batch the app was told about survives power loss
+    outbox = Outbox(tmp_path / "dev" / "outbox.sqlite", 2**20, "refuse")
+    assert outbox._db.execute("PRAGMA synchronous").fetchone() == (2,)
+    assert outbox._db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    outbox.close()
 
 
 def test_a_second_agent_on_one_state_dir_refuses_to_start(cloud: Cloud, tmp_path: Path) -> None:

@@ -60,3 +60,22 @@ def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]
     if file_id is None:
         return []
     return [json.loads(x) for x in client.files.content(file_id).content.splitlines()]
+
+
+# upload form fields OpenAI's expiry rules refuse, and the field each 400 names (the gateway's port and
+# the edge agent's answer them alike)
+BAD_EXPIRES_AFTER: list[tuple[dict[str, str], str]] = [
+    ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "3599"}, "expires_after[seconds]"),
+    (
+        {"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"},
+        "expires_after[seconds]",
+    ),
+    ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "-5"}, "expires_after[seconds]"),
+    ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "1e4"}, "expires_after[seconds]"),
+    ({"expires_after[anchor]": "created_at"}, "expires_after[seconds]"),
+    (
+        {"expires_after[anchor]": "last_active_at", "expires_after[seconds]": "3600"},
+        "expires_after[anchor]",
+    ),
+    ({"expires_after[seconds]": "3600"}, "expires_after[anchor]"),
+]

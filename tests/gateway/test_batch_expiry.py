@@ -26,7 +26,7 @@ from gateway.batch.store import BatchStore
 from gateway.config import GatewayConfig
 from shared.batch_protocol import Batch, BatchCreateRequest, ExpiresAfter, FileObject
 
-from .batches import chat_line, client_of, jsonl, lines_of, upload, wait
+from .batches import BAD_EXPIRES_AFTER, chat_line, client_of, jsonl, lines_of, upload, wait
 from .conftest import Running, run_in_thread
 
 HOUR = 3600
@@ -93,24 +93,7 @@ def test_an_upload_with_expires_after_shows_expires_at_and_is_gone_from_then_on(
     assert err.value.param == "input_file_id"
 
 
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "3599"}, "expires_after[seconds]"),
-        (
-            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"},
-            "expires_after[seconds]",
-        ),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "-5"}, "expires_after[seconds]"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "1e4"}, "expires_after[seconds]"),
-        ({"expires_after[anchor]": "created_at"}, "expires_after[seconds]"),
-        (
-            {"expires_after[anchor]": "last_active_at", "expires_after[seconds]": "3600"},
-            "expires_after[anchor]",
-        ),
-        ({"expires_after[seconds]": "3600"}, "expires_after[anchor]"),
-    ],
-)
+@pytest.mark.parametrize(("fields", "param"), BAD_EXPIRES_AFTER)
 def test_a_bad_expires_after_on_an_upload_is_a_400_naming_it_and_stores_nothing(
     gw: Running, client: openai.OpenAI, fields: dict[str, str], param: str
 ) -> None:

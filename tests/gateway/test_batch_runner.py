@@ -17,14 +17,14 @@ from typing import Any, cast
 import pytest
 
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.batch import runner as batch_runner
-from gateway.batch.executor import Answer, engine_executor
+from gateway.batch.executor import Answer, upstream_executor
 from gateway.batch.input import BatchItem, parse_batch_input
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchStore
 from gateway.config import GatewayConfig
 from gateway.server import build_server
-from gateway.state import Gateway
 from shared.batch_protocol import Batch as StoredBatch
 from shared.batch_protocol import BatchCreateRequest, FileObject
 from shared.dir_lock import DirInUse
@@ -102,8 +102,8 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_fail_as_batch_ex
     store.close()
     assert b.expires_at is not None
     after_window = float(b.expires_at + 1)
-    gateway = Gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
-    runner = BatchRunner(engine_executor(gateway), path, clock=lambda: after_window)
+    gateway = engine_gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
+    runner = BatchRunner(upstream_executor(gateway), path, clock=lambda: after_window)
     asyncio.run(run_until(runner, b.id, "expired"))
     store = BatchStore(path)
     try:
@@ -126,8 +126,11 @@ def test_a_second_runner_over_one_data_dir_refuses_to_start_naming_the_owner(
 ) -> None:
     path = tmp_path / "batches.sqlite"
     BatchStore(path).close()  # the dir holds a database: a runner opens it at start
-    gateway = Gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
-    first, second = BatchRunner(engine_executor(gateway), path), BatchRunner(engine_executor(gateway), path)
+    gateway = engine_gateway(backend, GatewayConfig(port=0, data_dir=tmp_path))
+    first, second = (
+        BatchRunner(upstream_executor(gateway), path),
+        BatchRunner(upstream_executor(gateway), path),
+    )
 
     async def both() -> None:
         await first.start()

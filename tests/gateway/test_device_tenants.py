@@ -23,10 +23,10 @@ from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
 from ctxfuse.cli import main
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.server import build_edge_server
-from gateway.state import Gateway
 from shared import certs
 from shared.chunking import digest
 from shared.compression import compress
@@ -59,7 +59,7 @@ def edge(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) ->
     backend = InProcessBackend(AsyncEngine(EngineCore(ENGINE, loaded_model)))
     config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=tls, data_dir=state / "gw")
     store = ChunkStore(state / "chunks.sqlite", 64 * 2**20)
-    listener = build_edge_server(Gateway(backend, config, store))
+    listener = build_edge_server(engine_gateway(backend, config, store))
     url = f"https://127.0.0.1:{start(listener, 'edge-listener')}"
     clients = {name: httpx.Client(verify=client_context(tls, name), timeout=120) for name in DEVICES}
     yield Edge(url, clients, store)

@@ -28,11 +28,11 @@ from edge.config import EdgeConfig
 from edge.encode import chunk_strings
 from edge.server import agent_uvicorn_config
 from gateway.backends.engine import InProcessBackend
+from gateway.backends.local import engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.budget import max_refs
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.server import build_edge_server
-from gateway.state import Gateway
 from shared.certs import init_ca, issue_device, issue_server
 from shared.chunking import digest
 from shared.compression import compress
@@ -68,7 +68,7 @@ def edge(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) ->
         port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=tls, data_dir=state / "gw", max_body_bytes=LIMIT
     )
     store = ChunkStore(state / "chunks.sqlite", 64 * 2**20)
-    listener = build_edge_server(Gateway(backend, config, store))
+    listener = build_edge_server(engine_gateway(backend, config, store))
     url = f"https://127.0.0.1:{start(listener, 'edge-listener')}"
     agent_config = EdgeConfig(gateway_url=url, tls_dir=tls, name="dev1", port=0, state_dir=state / "dev1")
     agent = uvicorn.Server(agent_uvicorn_config(Agent(agent_config), "127.0.0.1", 0))

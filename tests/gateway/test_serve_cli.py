@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from ctxfuse.cli import build_parser
+from ctxfuse.cli_values import SecretRefused
+from ctxfuse.serve_cli import API_KEY, http_config
 
 from .conftest import MODEL
 
@@ -48,6 +50,45 @@ def test_serve_help_documents_every_option() -> None:
 def test_serve_defaults_to_loopback_port_8000() -> None:
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.log_content) == ("127.0.0.1", 8000, False)
+
+
+def test_the_gateway_key_comes_from_the_flag_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = build_parser(["serve"])
+    (tmp_path / "key").write_text("from-file\n")
+    (tmp_path / "empty").write_text("\n")
+    monkeypatch.setenv("CTXFUSE_API_KEY", "from-env")
+    assert API_KEY.read(parser.parse_args(["serve"])) == "from-env"
+    # a file given on the command line wins over the environment (it lost to it before)
+    assert API_KEY.read(parser.parse_args(["serve", "--api-key-file", str(tmp_path / "key")])) == "from-file"
+    for argv, says in [
+        (["--api-key", "k", "--api-key-file", str(tmp_path / "key")], "not both"),
+        (["--api-key-file", str(tmp_path / "empty")], "is empty"),  # served with no key before
+        (["--api-key", ""], "is empty"),
+    ]:
+        with pytest.raises(SecretRefused, match=says):
+            http_config(parser.parse_args(["serve", *argv]))
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--max-connections", "0", "must be at least 1, got 0"),
+        ("--header-timeout", "-1", "must be more than 0, got -1"),
+        ("--max-connection-age", "nan", "expected a number"),
+        ("--max-running-batches", "0", "must be at least 1, got 0"),
+        ("--file-ttl-days", "-1", "must be 0 or more, got -1"),
+        ("--long-prefill-tokens", "x", "expected a whole number, got 'x'"),
+    ],
+)
+def test_serve_refuses_a_number_out_of_range_naming_the_option(
+    capsys: pytest.CaptureFixture[str], option: str, value: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser(["serve"]).parse_args(["serve", option, value])
+    assert exited.value.code == 2
+    assert f"argument {option}: {says}" in capsys.readouterr().err
 
 
 @pytest.fixture()

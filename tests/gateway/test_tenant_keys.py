@@ -47,6 +47,15 @@ def test_keys_are_stored_hashed_and_revoked_expired_or_rotated_keys_stop_working
     assert store.lookup(short) is not None and store.lookup(short, now=time.time() + 61) is None
 
 
+def test_a_key_write_is_on_disk_before_it_is_acknowledged(tmp_path: Path) -> None:
+    # synchronous=FULL (2) in WAL: an acknowledged revocation survives power loss (NORMAL, 1, may
+    # lose the last commits and bring a revoked key back)
+    store = KeyStore(tmp_path / "keys.sqlite")
+    assert store._db.execute("PRAGMA synchronous").fetchone() == (2,)
+    assert store._db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    store.close()
+
+
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ctxfuse", "keys", *argv], capture_output=True, text=True, timeout=120
@@ -123,11 +132,11 @@ def test_tokens_per_minute_are_counted_from_real_usage(keyed: tuple[Running, Key
     assert first.usage is not None
     used = first.usage.total_tokens  # reserved as prompt + 8, settled to what it used
     second = client.chat.completions.with_raw_response.create(model=MODEL, messages=HI, max_tokens=1)
+    left = 400 - used - second.parse().usage.total_tokens  # type: ignore[union-attr]
     assert second.headers["x-ratelimit-limit-tokens"] == "400"
-    assert second.headers["x-ratelimit-remaining-tokens"] == str(400 - used)
+    assert second.headers["x-ratelimit-remaining-tokens"] == str(left)  # after this request's own
     with pytest.raises(openai.RateLimitError, match="more than this key's 400 tokens per minute"):
         client.chat.completions.create(model=MODEL, messages=HI, max_tokens=500)
-    left = 400 - used - second.parse().usage.total_tokens  # type: ignore[union-attr]
     with pytest.raises(openai.RateLimitError, match="400 tokens per minute reached") as err:
         client.chat.completions.create(model=MODEL, messages=HI, max_tokens=left)  # prompt + left > left
     assert int(err.value.response.headers["retry-after"]) >= 1

@@ -16,6 +16,7 @@ import msgspec
 
 from ctxfuse.cli import build_parser
 from ctxfuse.engine_cli import add_engine_options
+from ctxfuse.serve_cli import API_KEY
 from gateway.bench.worker_proc import WorkerProcess
 from shared.fleet_protocol import HASH_SCHEME, WorkerState
 
@@ -47,7 +48,11 @@ def test_worker_help_lists_every_engine_option_of_serve() -> None:
 
 def test_worker_defaults_to_loopback_port_8001() -> None:
     args = build_parser().parse_args(["worker"])
-    assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8001, os.environ.get("CTXFUSE_API_KEY"))
+    assert (args.host, args.port, API_KEY.read(args)) == (
+        "127.0.0.1",
+        8001,
+        os.environ.get("CTXFUSE_API_KEY") or None,
+    )
     args = build_parser().parse_args(["worker", "--port", "9100", "--max-num-seqs", "3"])
     assert (args.port, args.max_num_seqs) == (9100, 3)
 

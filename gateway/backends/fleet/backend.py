@@ -27,6 +27,7 @@ class FleetBackend:
     draining: bool = False
     reachable: bool = True  # the last active health check got an answer
     models: list[str] = field(default_factory=list)
+    max_model_len: int | None = None  # its context, as its state or model list reports it
 
     @property
     def name(self) -> str:

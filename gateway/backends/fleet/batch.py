@@ -19,32 +19,38 @@ from litestar.response import Stream
 
 from cloud.engine.block_pool import salt_key
 from gateway.access.auth import Principal
+from gateway.backends.base import CHAT_PATH
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.proxy import Outgoing, forward
-from gateway.batch.executor import Answer, Executor, refuse_stream
+from gateway.batch.executor import Answer, refuse_stream
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
+from gateway.openai.decode import decode_body
 from shared.errors import CtxfuseError
+from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 
-def routed_executor(fleet: Fleet) -> Executor:
-    async def execute(endpoint: str, raw: bytes, rid: str, priority: int, owner: str) -> Answer:
-        try:
-            stream, keys = await asyncio.to_thread(fleet.request_keys, endpoint, raw)
-            refuse_stream(stream)
-            salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
-            if salt is not None:
-                keys = replace(keys, extra_key=salt_key(salt))
-            answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt))
-        except ServiceUnavailableError:
-            raise  # no backend took it: the runner tries again later
-        except CtxfuseError as exc:
-            return Answer(exc.status, encode(exc.to_openai()))
-        if isinstance(answer, Stream):  # a backend that streams what was asked whole: read it to its
-            async for _ in cast(AsyncIterator[bytes], answer.iterator):  # end, which also settles
-                pass  # the backend's count of work
-            why = "the backend streamed a response asked for whole"
-            return Answer(502, encode(CtxfuseError(why).to_openai()))
-        return Answer(answer.status_code or 200, answer.content)
-
-    return execute
+async def execute_routed(fleet: Fleet, endpoint: str, raw: bytes, owner: str) -> Answer:
+    """One batch request, routed like a live one as its batch's owner (FleetUpstream.execute)."""
+    try:
+        req: ChatCompletionRequest | CompletionRequest
+        if endpoint == CHAT_PATH:
+            req = decode_body(raw, ChatCompletionRequest)
+        else:
+            req = decode_body(raw, CompletionRequest)
+        refuse_stream(req.stream)
+        keys, _ = await asyncio.to_thread(fleet.request_keys, req, False)
+        salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
+        if salt is not None:
+            keys = replace(keys, extra_key=salt_key(salt))
+        answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt))
+    except ServiceUnavailableError:
+        raise  # no backend took it: the runner tries again later
+    except CtxfuseError as exc:
+        return Answer(exc.status, encode(exc.to_openai()))
+    if isinstance(answer, Stream):  # a backend that streams what was asked whole: read it to its
+        async for _ in cast(AsyncIterator[bytes], answer.iterator):  # end, which also settles
+            pass  # the backend's count of work
+        why = "the backend streamed a response asked for whole"
+        return Answer(502, encode(CtxfuseError(why).to_openai()))
+    return Answer(answer.status_code or 200, answer.content)

@@ -18,7 +18,6 @@ from gateway.backends.fleet.config import FleetConfig
 from gateway.backends.fleet.index import PrefixIndex
 from gateway.backends.fleet.keys import KeyMaker, RequestKeys
 from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
-from gateway.openai.decode import decode_body
 from shared.keep_alive import ROUTER_KEEP_ALIVE_S
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -91,15 +90,23 @@ class Fleet:
         self.metrics.rollbacks.labels(version=rollback.version).inc()
         self._export_version(rollback.version)
 
-    def request_keys(self, path: str, raw: bytes) -> tuple[bool, RequestKeys]:
-        """(whether it asks for a stream, its prefix keys) from a chat or completion body as the
-        client sent it; a bad body is our 400, not a backend's. It tokenizes: call it off the loop."""
-        token_keys = any(b.reports_blocks for b in self.backends)  # else tokenizing is wasted work
-        if path == "/v1/chat/completions":
-            chat = decode_body(raw, ChatCompletionRequest)
-            return bool(chat.stream), self.keys.chat(chat, token_keys)
-        completion = decode_body(raw, CompletionRequest)
-        return bool(completion.stream), self.keys.completion(completion, token_keys)
+    def request_keys(
+        self, req: ChatCompletionRequest | CompletionRequest, count: bool
+    ) -> tuple[RequestKeys, int]:
+        """(its prefix keys, its prompt tokens when `count` asks for them, else 0) of a decoded
+        chat or completion request. It tokenizes: call it off the loop."""
+        # tokenizing is wasted work unless a backend matches token blocks or tokens are counted
+        tokenize = count or any(b.reports_blocks for b in self.backends)
+        if isinstance(req, ChatCompletionRequest):
+            keys = self.keys.chat(req, tokenize)
+        else:
+            keys = self.keys.completion(req, tokenize)
+        return keys, self.keys.prompt_tokens(req, keys) if count else 0
+
+    def max_model_len(self) -> int | None:
+        """The largest context a backend reports (None: none reports one)."""
+        known = [b.max_model_len for b in self.backends if b.max_model_len]
+        return max(known) if known else None
 
     def in_version(self, version: str | None) -> list[FleetBackend]:
         return [b for b in self.backends if version is None or b.spec.version == version]

@@ -82,6 +82,23 @@ class KeyMaker:
         ids = self.tokenizer.encode(text, add_special=True) if text and ctxfuse_backends else []
         return RequestKeys(ids, text)
 
+    def prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest, keys: RequestKeys) -> int:
+        """The request's prompt tokens, as a worker will count them (for tokens per minute); `keys`
+        from chat() or completion() with tokenizing on."""
+        if isinstance(req, ChatCompletionRequest):
+            # a prompt the template refused is routed by its text: counted by its text too
+            return len(keys.token_ids) or len(self.tokenizer.encode(keys.text, add_special=True))
+        p = req.prompt
+        if isinstance(p, str):
+            return len(keys.token_ids)
+        if all(isinstance(x, int) for x in p):
+            return len(p)
+        return sum(
+            len(x) if isinstance(x, list) else len(self.tokenizer.encode(x, add_special=True))
+            for x in p
+            if not isinstance(x, int)
+        )
+
 
 def _text(content: object) -> str:
     if isinstance(content, list):

@@ -15,6 +15,7 @@ from gateway.backends.fleet.config import BackendSpec, FleetConfig
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.serve import build_fleet_server
 from gateway.config import GatewayConfig
+from gateway.state import Gateway
 
 from .openai_stub import StubServer
 
@@ -24,6 +25,7 @@ class Running:
     url: str
     fleet: Fleet
     stop: object
+    gateway: Gateway  # the router's state: the same one app as over an engine
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30)
@@ -51,7 +53,7 @@ def run_fleet(
         server.should_exit = True
         thread.join(timeout=15)
 
-    return Running(f"http://127.0.0.1:{port}", fleet, stop)
+    return Running(f"http://127.0.0.1:{port}", fleet, stop, server.gateway)
 
 
 def fleet_of(

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from ctxfuse.cli import build_parser
-from ctxfuse.fleet_cli import fleet_config
+from ctxfuse.cli_values import SecretRefused
+from ctxfuse.fleet_cli import BACKEND_KEY, fleet_config
 from gateway.backends.fleet.config import load
 
 FILE = """
@@ -92,3 +93,21 @@ def test_fleet_file_and_backend_urls_do_not_mix(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="not both"):
         fleet_config(args)
+
+
+def test_the_backend_key_file_is_read_like_every_key_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(BACKEND_KEY.env, raising=False)
+    (tmp_path / "key").write_text("worker-key\n")
+    (tmp_path / "empty").write_text("")
+    serve = ["serve", "--backend", "http://h:1"]
+    config = fleet_config(build_parser().parse_args([*serve, "--backend-key-file", str(tmp_path / "key")]))
+    assert config is not None and config.backend_key == "worker-key"
+    for argv, says in [
+        (["--backend-key-file", str(tmp_path / "empty")], "is empty"),  # routed with no key before
+        (["--backend-key-file", str(tmp_path / "missing")], "cannot be read"),  # a traceback before
+        (["--backend-key", "k", "--backend-key-file", str(tmp_path / "key")], "not both"),
+    ]:
+        with pytest.raises(SecretRefused, match=says):
+            fleet_config(build_parser().parse_args([*serve, *argv]))

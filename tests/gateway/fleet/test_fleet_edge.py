@@ -10,7 +10,7 @@ import string
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import openai
@@ -20,10 +20,9 @@ import uvicorn
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.backends.fleet.edge import build_fleet_edge_server
 from gateway.backends.fleet.serve import build_fleet_server
 from gateway.config import GatewayConfig
-from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.server import build_edge_server
 from gateway.server import serve_together
 from shared.certs import init_ca, issue_device, issue_server
 
@@ -62,9 +61,11 @@ def edge_fleet(stubs: tuple[StubServer, StubServer], tmp_path: Path) -> Iterator
     issue_server(tls, ["127.0.0.1"])
     issue_device(tls, "dev1")
     config = GatewayConfig(port=0, edge_host="127.0.0.1", edge_port=0, tls_dir=tls, data_dir=tmp_path / "gw")
-    server, fleet = build_fleet_server(fleet_of(*stubs), config, rng=random.Random(0))
-    store = ChunkStore(tmp_path / "chunks.sqlite", 64 * 2**20)
-    edge = build_fleet_edge_server(fleet, store, server.batches, server.metrics, config)
+    config = replace(config, chunk_store=tmp_path / "chunks.sqlite", chunk_store_mib=64)
+    server, _ = build_fleet_server(fleet_of(*stubs), config, rng=random.Random(0))
+    store = server.gateway.chunk_store
+    assert store is not None
+    edge = build_edge_server(server.gateway)
     server.companions.append(edge)
     thread = threading.Thread(target=serve_together, args=(server, edge), daemon=True, name="fleet+edge")
     thread.start()

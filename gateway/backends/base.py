@@ -1,0 +1,83 @@
+"""What the gateway's one app hands work to: an `Upstream`.
+
+The app (gateway/app.py) owns everything a request meets before and after its answer is made, once
+for every kind of backend: authentication, per-key limits and allowed models, strict decoding of the
+body, ownership of files and batches, the error shape, draining, request logs and metrics. An
+upstream only answers what got through:
+
+- `EngineUpstream` (backends/local.py): the model's engine, in this process or a child process
+  (`ctxfuse serve`, and `ctxfuse worker` with the internal routes a router reads);
+- `FleetUpstream` (backends/fleet/upstream.py): the router, which forwards each request to the
+  worker that holds its prompt's prefix (`ctxfuse serve --fleet` / `--backend URL`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from litestar import Request, Response
+from litestar.handlers import HTTPRouteHandler
+from litestar.response import Stream
+
+from cloud.engine.core import EngineStats
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from gateway.batch.executor import Answer
+    from gateway.state import Gateway
+
+AnyRequest = Request[Any, Any, Any]
+Answered = Response[Any] | Stream
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+class Upstream(Protocol):
+    kind: str  # "engine" | "fleet": for the start-up line and /health
+    # the model a request that names none gets (None: the fleet's backends decide)
+    model_name: str | None
+    # its own routes beyond the OpenAI ones (a worker's /internal routes, the fleet's view)
+    routes: list[HTTPRouteHandler]
+
+    def stats(self) -> EngineStats | None:
+        """The engine's figures for /metrics (None: no engine in this process)."""
+
+    def dead_reason(self) -> str | None:
+        """Why this process can never answer again (a dead engine: /health 503, `serve` exits)."""
+
+    def not_ready_reason(self) -> str | None:
+        """Why no request can be taken now (/ready 503), draining aside."""
+
+    def check_model(self, name: str | None) -> None:
+        """404 for a model this upstream does not serve (the fleet leaves it to its backends)."""
+
+    async def chat(
+        self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        """A chat completion for the decoded `req` (`raw`: its body as the client sent it)."""
+
+    async def completion(
+        self, request: AnyRequest, gw: Gateway, req: CompletionRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        """A legacy completion for the decoded `req` (`raw`: its body as the client sent it)."""
+
+    async def models(self, request: AnyRequest, gw: Gateway) -> Response[bytes]: ...
+
+    async def model(self, request: AnyRequest, gw: Gateway, model_id: str) -> Response[bytes]:
+        """`model_id`: as the path names it, undecoded (`forwarded_path` has checked it)."""
+
+    async def tokenize(self, request: AnyRequest, gw: Gateway, raw: bytes) -> Answered: ...
+
+    async def detokenize(self, request: AnyRequest, gw: Gateway, raw: bytes) -> Answered: ...
+
+    async def execute(
+        self, gw: Gateway, endpoint: str, raw: bytes, rid: str, priority: int, owner: str
+    ) -> Answer:
+        """One batch request, answered as its route would answer it, run as the batch's owner;
+        raises QueueFullError or ServiceUnavailableError when it cannot be taken now (the runner
+        tries again later)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...

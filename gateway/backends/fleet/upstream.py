@@ -1,0 +1,230 @@
+"""The fleet as the gateway's upstream (`ctxfuse serve --backend URL ...` / `--fleet fleet.toml`):
+the one app (gateway/app.py) authenticates, limits, decodes and logs each request as it does over an
+engine; this module routes what got through to the backend that holds its prompt's prefix.
+
+- Chat and completions: the prefix keys name the backend (policy.py), the body goes as the client
+  sent it (proxy.py), in the caller's tenant's prefix-cache partition unless the fleet shares one.
+  A key with tokens per minute reserves prompt + max_tokens first and settles to the usage the
+  backend reports (usage.py).
+- `/tokenize`, `/detokenize` and `/v1/models/{id}` are answered by a backend (the least loaded, for
+  the first two). The Files and Batch API is the gateway's own; its requests are routed like live
+  ones (batch.py).
+- `GET /fleet/v1/backends` shows what the router knows: each backend's kind, version, circuit, load,
+  prefix keys, and the canary's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import replace
+
+import httpx
+import msgspec
+from litestar import Response, get
+from litestar.handlers import HTTPRouteHandler
+
+from cloud.engine.block_pool import salt_key
+from cloud.engine.core import EngineStats
+from gateway.access.auth import principal_of, reserve_tokens
+from gateway.backends.base import Answered, AnyRequest
+from gateway.backends.fleet.batch import execute_routed
+from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.health import check, run_checks
+from gateway.backends.fleet.keys import RequestKeys
+from gateway.backends.fleet.proxy import VERSION_HEADER, Outgoing, forward
+from gateway.backends.fleet.usage import Settle, most_tokens, with_usage
+from gateway.batch.executor import Answer
+from gateway.encoding import encode
+from gateway.errors import ServiceUnavailableError
+from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.state import Gateway
+from shared.forwarded_path import forwarded_path
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+
+JSON = "application/json"
+
+
+class FleetUpstream:
+    kind = "fleet"
+    model_name: str | None = None  # the backends decide what a request naming no model gets
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.routes: list[HTTPRouteHandler] = [backends]
+        self._checks: asyncio.Task[None] | None = None
+
+    def stats(self) -> EngineStats | None:
+        return None
+
+    def dead_reason(self) -> str | None:
+        return None  # the router lives on while its backends come and go: /ready says whether any is up
+
+    def not_ready_reason(self) -> str | None:
+        return None if any(b.takes_work() for b in self.fleet.backends) else "no backend takes requests"
+
+    def check_model(self, name: str | None) -> None:
+        pass  # each backend answers for its own models
+
+    async def start(self) -> None:
+        fleet = self.fleet
+        await asyncio.gather(*(check(fleet, b) for b in fleet.backends))  # kinds known before serving
+        self._checks = asyncio.get_running_loop().create_task(run_checks(fleet), name="fleet-health")
+
+    async def stop(self) -> None:
+        if self._checks is not None:
+            self._checks.cancel()
+            await asyncio.gather(self._checks, return_exceptions=True)
+        await self.fleet.close()
+
+    # -- live requests -------------------------------------------------------------------------
+
+    async def chat(
+        self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        return await self._route(request, gw, "/v1/chat/completions", req, raw)
+
+    async def completion(
+        self, request: AnyRequest, gw: Gateway, req: CompletionRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        return await self._route(request, gw, "/v1/completions", req, raw)
+
+    async def _route(
+        self,
+        request: AnyRequest,
+        gw: Gateway,
+        path: str,
+        req: ChatCompletionRequest | CompletionRequest,
+        raw: bytes,
+    ) -> Answered:
+        fleet = self.fleet
+        principal = principal_of(request.state)
+        tpm = principal.key.limits.tpm if principal.key is not None else None
+        keys, prompt = await asyncio.to_thread(fleet.request_keys, req, tpm is not None)
+        settle = None
+        if tpm is not None:
+            ticket = reserve_tokens(
+                request.state, gw.limiter, most_tokens(req, prompt, fleet.max_model_len(), tpm)
+            )
+            if ticket is not None:
+                settle = Settle(gw.limiter, ticket)
+                raw = with_usage(req, raw)  # the backend reports a stream's usage; the client's ask stands
+        salt = fleet.config.cache_salt(principal.cache_salt)  # the workers' partition
+        if salt is not None:
+            keys = replace(keys, extra_key=salt_key(salt))
+        out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER), salt)
+        try:
+            # a client gone before the answer: closing the backend request aborts the work there too
+            answered = await cancel_on_disconnect(request.receive, forward(fleet, out))
+        except BaseException:
+            if settle is not None:
+                settle.nothing_used()
+            raise
+        return answered if settle is None else settle.on(answered, asked_usage(req))
+
+    # -- models and tokens ---------------------------------------------------------------------
+
+    async def _first_answer(self, path: str) -> httpx.Response | None:
+        """The first reachable backend's 200 to GET `path`, else the first 4xx (every backend saying
+        no), else None when none answers."""
+        refusal: httpx.Response | None = None
+        fleet = self.fleet
+        for b in fleet.backends:
+            if b.reachable and b.kind is not None:
+                with contextlib.suppress(httpx.HTTPError):
+                    resp = await fleet.client.get(f"{b.url}{path}", timeout=5)
+                    if resp.status_code == 200:
+                        return resp
+                    if resp.status_code < 500 and refusal is None:
+                        refusal = resp
+        return refusal
+
+    async def models(self, request: AnyRequest, gw: Gateway) -> Response[bytes]:
+        resp = await self._first_answer("/v1/models")
+        if resp is not None and resp.status_code == 200:
+            return Response(resp.content, media_type=JSON)
+        return Response(encode({"object": "list", "data": []}), media_type=JSON)
+
+    async def model(self, request: AnyRequest, gw: Gateway, model_id: str) -> Response[bytes]:
+        # the path as the client sent it, checked: never the decoded id, whose `../` the HTTP client
+        # would resolve into another route of the backend (an /internal one, asked by us)
+        resp = await self._first_answer(forwarded_path(request.scope["raw_path"]))
+        if resp is None:
+            raise ServiceUnavailableError("no backend is reachable")
+        return Response(resp.content, status_code=resp.status_code, media_type=JSON)
+
+    async def _by_load(self, request: AnyRequest, path: str, raw: bytes) -> Answered:
+        """A request with no prompt to match (tokenizing): the least loaded backend of the request's
+        version answers it, with the same failover as a completion."""
+        out = Outgoing(path, raw, RequestKeys([], ""), request.headers.get(VERSION_HEADER))
+        return await forward(self.fleet, out)
+
+    async def tokenize(self, request: AnyRequest, gw: Gateway, raw: bytes) -> Answered:
+        return await self._by_load(request, "/tokenize", raw)
+
+    async def detokenize(self, request: AnyRequest, gw: Gateway, raw: bytes) -> Answered:
+        return await self._by_load(request, "/detokenize", raw)
+
+    # -- batch requests ------------------------------------------------------------------------
+
+    async def execute(
+        self, gw: Gateway, endpoint: str, raw: bytes, rid: str, priority: int, owner: str
+    ) -> Answer:
+        gw.check_taking_work()
+        return await execute_routed(self.fleet, endpoint, raw, owner)
+
+
+def asked_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool(req.stream_options is not None and req.stream_options.include_usage)
+
+
+class BackendView(msgspec.Struct, kw_only=True):
+    name: str
+    url: str
+    kind: str | None
+    version: str
+    circuit: str
+    reachable: bool
+    draining: bool
+    in_flight: int
+    load: float
+    prefix_keys: int
+    max_model_len: int | None
+
+
+class FleetView(msgspec.Struct, kw_only=True):
+    policy: str
+    backends: list[BackendView]
+    versions: dict[str, str]  # version -> stable | canary | rolled_back
+    weights: dict[str, float]
+
+
+@get("/fleet/v1/backends", summary="What the router knows of each backend")
+async def backends(request: AnyRequest) -> Response[bytes]:
+    gw: Gateway = request.app.state.gateway
+    up = gw.upstream
+    if not isinstance(up, FleetUpstream):
+        raise ServiceUnavailableError("this gateway routes to no fleet")
+    fleet = up.fleet
+    view = FleetView(
+        policy=fleet.config.policy,
+        backends=[
+            BackendView(
+                name=b.name,
+                url=b.url,
+                kind=b.kind,
+                version=b.spec.version,
+                circuit=b.circuit.state,
+                reachable=b.reachable,
+                draining=b.draining,
+                in_flight=b.in_flight,
+                load=round(b.load(), 3),
+                prefix_keys=fleet.index.held_by(b.name),
+                max_model_len=b.max_model_len,
+            )
+            for b in fleet.backends
+        ],
+        versions={v: fleet.canary.state(v) for v in fleet.canary.versions},
+        weights=fleet.canary.weights,
+    )
+    return Response(encode(view), media_type=JSON)
