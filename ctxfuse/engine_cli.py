@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from cloud.engine.config import (
     ATTENTION_KERNELS,
@@ -27,6 +28,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if missing)",
+    )
+    g.add_argument(
+        "--chat-template",
+        type=template_file,
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template to use instead of the model's (as vLLM's --chat-template); a "
+        "routing gateway renders with it too, to match its workers' prompts",
     )
     g.add_argument(
         "--served-model-name",
@@ -200,7 +209,21 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_dtype=args.kv_dtype,
         rope_scaling=args.rope_scaling,
         context_overflow=args.context_overflow,
+        chat_template=args.chat_template,
     )
+
+
+def template_file(text: str) -> str:
+    """The text of a chat template file; refused at parse when it cannot be read or is empty."""
+    path = Path(text)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise argparse.ArgumentTypeError(f"{text}: cannot be read ({why})") from None
+    if not source.strip():
+        raise argparse.ArgumentTypeError(f"{text} is empty")
+    return source
 
 
 def _json_object(text: str) -> dict[str, float | str]:

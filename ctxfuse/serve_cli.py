@@ -87,7 +87,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if fleet is not None:  # a router: no engine here, only the model's tokenizer
         from gateway.backends.fleet.serve import serve_fleet
 
-        return serve_fleet(fleet, gateway, args.model)
+        return serve_fleet(fleet, gateway, args.model, args.chat_template)
     ensure_vision_files()
     return serve(engine_config(args), gateway)
 

@@ -73,6 +73,8 @@ class EngineConfig:
     # overrides the model's RoPE scaling, e.g. {"type": "yarn", "factor": 4}
     rope_scaling: dict[str, float | str] | None = None
     context_overflow: ContextOverflow = "error"
+    # the text of a Jinja chat template used instead of the model's (`--chat-template FILE`, as vLLM's)
+    chat_template: str | None = None
 
     @property
     def torch_device(self) -> torch.device:

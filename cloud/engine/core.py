@@ -79,6 +79,8 @@ class EngineCore:
         self.model_config = weights.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.chat_template: ChatTemplate = loaded.chat_template
+        if config.chat_template is not None:
+            self.chat_template = loaded.chat_template.replaced(config.chat_template, "--chat-template")
         c = self.model_config
         dtype = config.torch_dtype
         self.device = device = config.torch_device

@@ -62,14 +62,24 @@ def _environment() -> ImmutableSandboxedEnvironment:
 class ChatTemplate:
     """A compiled chat template plus the special-token strings templates refer to."""
 
-    def __init__(self, template: str | None, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self,
+        template: str | None,
+        bos_token: str = "",
+        eos_token: str = "",
+        origin: str = "the model's chat template",
+    ) -> None:
         self.source = template or CHATML_TEMPLATE
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
             self._template = _environment().from_string(self.source)
         except jinja2.TemplateSyntaxError as exc:
-            raise ModelLoadError(f"the model's chat template does not compile: {exc}") from exc
+            raise ModelLoadError(f"{origin} does not compile: {exc}") from exc
+
+    def replaced(self, source: str, origin: str) -> ChatTemplate:
+        """Another template for the same model (`--chat-template`): its special tokens stay the model's."""
+        return ChatTemplate(source, self.bos_token, self.eos_token, origin)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ChatTemplate, (self.source, self.bos_token, self.eos_token))

@@ -29,9 +29,13 @@ def fleet_gateway(
     model: str | Path | None = None,
     rng: random.Random | None = None,
     with_chunk_store: bool = False,
+    chat_template: str | None = None,
 ) -> tuple[Gateway, Fleet]:
-    """The gateway's state over the fleet (`with_chunk_store`: the edge link's, for an edge listener)."""
+    """The gateway's state over the fleet (`with_chunk_store`: the edge link's, for an edge listener;
+    `chat_template`: the template its workers were started with, so prompts key the same blocks)."""
     tokenizer, template = load_text_side(model)
+    if chat_template is not None:
+        template = template.replaced(chat_template, "--chat-template")
     fleet_config = replace(fleet_config, share_prefix_cache=config.share_prefix_cache)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
@@ -45,18 +49,25 @@ def build_fleet_server(
     model: str | Path | None = None,
     rng: random.Random | None = None,
     announce: bool = False,
+    chat_template: str | None = None,
 ) -> tuple[GatewayServer, Fleet]:
     """The OpenAI port's server over the fleet; with --edge-port, its state keeps a chunk store for
     the edge listener (edge/server.py build_edge_server(server.gateway))."""
-    gateway, fleet = fleet_gateway(fleet_config, config, model, rng, config.edge_port is not None)
+    edge = config.edge_port is not None
+    gateway, fleet = fleet_gateway(fleet_config, config, model, rng, edge, chat_template)
     return server_for(gateway, announce=announce), fleet
 
 
-def serve_fleet(fleet_config: FleetConfig, config: GatewayConfig, model: str | Path | None) -> int:
+def serve_fleet(
+    fleet_config: FleetConfig,
+    config: GatewayConfig,
+    model: str | Path | None,
+    chat_template: str | None = None,
+) -> int:
     configure_logging(config.log_level)
     names = ", ".join(f"{b.name}={b.url} ({b.version})" for b in fleet_config.backends)
     print(f"ctxfuse: routing ({fleet_config.policy}) to {names}", file=sys.stderr, flush=True)
-    server, _ = build_fleet_server(fleet_config, config, model, announce=True)
+    server, _ = build_fleet_server(fleet_config, config, model, announce=True, chat_template=chat_template)
     try:
         run_servers(server)
     finally:
