@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from cloud.engine.config import (
@@ -19,6 +21,7 @@ from cloud.engine.config import (
 )
 from cloud.model.linear import WEIGHT_QUANTS
 from ctxfuse.cli_values import non_negative_int
+from shared.errors import CtxfuseError
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -26,8 +29,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument(
         "--model",
+        action="append",
+        type=model_spec,
         default=None,
-        help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if missing)",
+        metavar="[NAME=]PATH",
+        help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if "
+        "missing), served as NAME when given; `ctxfuse serve` takes several (repeat the option)",
     )
     g.add_argument(
         "--chat-template",
@@ -180,10 +187,50 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    path: str
+    name: str | None = None  # None: --served-model-name, or the model's own
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def model_spec(text: str) -> ModelSpec:
+    """`PATH` or `NAME=PATH` (a name is letters, digits and `._:-`, so a path with `=` in it still
+    reads as a path when what precedes the `=` is no name)."""
+    name, sep, path = text.partition("=")
+    if sep and _NAME.fullmatch(name):
+        if not path:
+            raise argparse.ArgumentTypeError(f"{text!r}: give the model's path after {name}=")
+        return ModelSpec(path, name)
+    return ModelSpec(text)
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The one model this command runs."""
+    specs: list[ModelSpec] = args.model or []
+    if len(specs) > 1:
+        raise CtxfuseError("this command runs one model: give --model once (`ctxfuse serve` serves several)")
+    return _engine_config(args, specs[0] if specs else None)
+
+
+def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """One engine per --model (`ctxfuse serve` with several models)."""
+    specs: list[ModelSpec] = args.model or []
+    if len(specs) > 1 and args.served_model_name is not None:
+        raise CtxfuseError(
+            "--served-model-name names one model: with several, give each as --model NAME=PATH"
+        )
+    return [_engine_config(args, s) for s in specs] or [_engine_config(args, None)]
+
+
+def _engine_config(args: argparse.Namespace, spec: ModelSpec | None) -> EngineConfig:
+    if spec is not None and spec.name is not None and args.served_model_name is not None:
+        raise CtxfuseError(f"the model is named twice: --model {spec.name}=... and --served-model-name")
     return EngineConfig(
-        model=args.model,
-        served_model_name=args.served_model_name,
+        model=None if spec is None else spec.path,
+        served_model_name=args.served_model_name if spec is None or spec.name is None else spec.name,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,

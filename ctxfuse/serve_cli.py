@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxfuse.cli_values import SecretOption, positive_float, positive_int
-from ctxfuse.engine_cli import add_engine_options, engine_config
+from ctxfuse.engine_cli import add_engine_options, engine_config, engine_configs
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -87,9 +87,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if fleet is not None:  # a router: no engine here, only the model's tokenizer
         from gateway.backends.fleet.serve import serve_fleet
 
-        return serve_fleet(fleet, gateway, args.model, args.chat_template)
+        # the router names prompt blocks with one model's tokenizer and template
+        return serve_fleet(fleet, gateway, engine_config(args).model, args.chat_template)
     ensure_vision_files()
-    return serve(engine_config(args), gateway)
+    return serve(engine_configs(args), gateway, aliases=dict(args.alias or []))
 
 
 def add_gateway_options(p: argparse.ArgumentParser) -> None:
@@ -203,4 +204,19 @@ def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     add_image_options(sv)
     add_fleet_options(sv)
     add_engine_options(sv)
+    sv.add_argument(
+        "--alias",
+        action="append",
+        type=alias_spec,
+        default=None,
+        metavar="ALIAS=NAME",
+        help="another name clients may use for the served model NAME (repeatable)",
+    )
     sv.set_defaults(func=_cmd_serve)
+
+
+def alias_spec(text: str) -> tuple[str, str]:
+    alias, sep, name = text.partition("=")
+    if not (sep and alias.strip() and name.strip()):
+        raise argparse.ArgumentTypeError(f"expected ALIAS=NAME, got {text!r}")
+    return alias.strip(), name.strip()

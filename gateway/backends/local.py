@@ -72,6 +72,7 @@ class EngineUpstream:
     def __init__(self, backend: Backend, config: GatewayConfig, worker: WorkerEngine | None = None) -> None:
         self.backend = backend
         self.model_name: str | None = backend.model_name
+        self.names = {backend.model_name}  # and its aliases, when several models are served (models.py)
         self.share_prefix_cache = config.share_prefix_cache
         self.log_content = config.log_content
         self.texts = TokenTexts(backend.tokenizer)
@@ -93,7 +94,7 @@ class EngineUpstream:
         return None
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.backend.model_name:
+        if name is not None and name not in self.names:
             raise NotFoundError(
                 f"the model `{name}` does not exist; this server serves `{self.backend.model_name}`",
                 param="model",

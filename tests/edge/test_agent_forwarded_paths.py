@@ -54,7 +54,7 @@ def test_a_traversal_through_the_model_route_never_leaves_the_device(side: Side,
 def test_model_lookups_still_reach_the_gateway(side: Side) -> None:
     client = openai.OpenAI(base_url=f"{side.url}/v1", api_key="unused", max_retries=0, timeout=30)
     before = side.gateway.gateway_requests()
-    assert [m.id for m in client.models.list().data] == ["stub"]
+    assert "stub" in [m.id for m in client.models.list().data]
     with pytest.raises(openai.NotFoundError):  # the stub serves no model by id: its 404, relayed
         client.models.retrieve("stub")
     assert side.gateway.gateway_requests() == before + 2

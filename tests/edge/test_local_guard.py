@@ -73,7 +73,7 @@ def test_the_official_client_with_the_key_works_as_before(side: Side) -> None:
         model="stub", messages=[{"role": "user", "content": "hi"}], stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "a"
-    assert [m.id for m in client.models.list().data] == ["stub"]
+    assert "stub" in [m.id for m in client.models.list().data]
     uploaded = client.files.create(file=("in.jsonl", b'{"custom_id": "x"}\n'), purpose="batch")
     assert client.files.retrieve(uploaded.id).filename == "in.jsonl"  # multipart still takes the upload
 

@@ -26,7 +26,7 @@ class FleetBackend:
     next_event: int = 0
     draining: bool = False
     reachable: bool = True  # the last active health check got an answer
-    models: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)  # what it serves, as it reports (empty: not known)
     max_model_len: int | None = None  # its context, as its state or model list reports it
 
     @property
@@ -54,6 +54,11 @@ class FleetBackend:
         if r is not None and r.waiting > 0:
             return True
         return self.load() >= 1.0
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request naming `model` may go here (a backend that has not said what it serves
+        is tried: its own 404 then answers)."""
+        return model is None or not self.models or model in self.models
 
     def takes_work(self) -> bool:
         """Routable now without asking the circuit for a probe."""

@@ -43,7 +43,7 @@ async def execute_routed(fleet: Fleet, endpoint: str, raw: bytes, owner: str) ->
         salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
         if salt is not None:
             keys = replace(keys, extra_key=salt_key(salt))
-        answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt))
+        answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt, req.model))
     except ServiceUnavailableError:
         raise  # no backend took it: the runner tries again later
     except CtxfuseError as exc:

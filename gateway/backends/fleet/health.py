@@ -54,6 +54,7 @@ async def _check_worker(fleet: Fleet, b: FleetBackend) -> bool:
     except msgspec.DecodeError as exc:
         raise Unhealthy(f"state is not readable: {exc}") from None
     b.reported, b.draining = state.load, state.draining
+    b.models = [state.model]
     b.max_model_len = state.max_model_len or b.max_model_len
     if state.hash_scheme != HASH_SCHEME:  # another hash: its blocks cannot be matched, only balanced
         b.block_size = None
@@ -91,7 +92,10 @@ async def check(fleet: Fleet, b: FleetBackend) -> None:
             resp = await _get(fleet, b, "/v1/models")
             if resp.status_code != 200:
                 raise Unhealthy(f"/v1/models answered {resp.status_code}")
-            b.max_model_len = _context_of(resp.content) or b.max_model_len
+            listed = _listed(resp.content)
+            if listed is not None:
+                b.models = [m.id for m in listed.data if m.id]
+                b.max_model_len = (listed.data[0].max_model_len if listed.data else None) or b.max_model_len
             b.kind = b.kind or "openai"
     except Unhealthy as exc:
         if b.reachable:
@@ -105,6 +109,7 @@ async def check(fleet: Fleet, b: FleetBackend) -> None:
 
 
 class _Listed(msgspec.Struct):
+    id: str = ""
     max_model_len: int | None = None  # vLLM's and ours; other servers leave it out
 
 
@@ -112,13 +117,12 @@ class _ModelList(msgspec.Struct):
     data: list[_Listed] = msgspec.field(default_factory=list)
 
 
-def _context_of(content: bytes) -> int | None:
-    """The first listed model's context, where the server says it."""
+def _listed(content: bytes) -> _ModelList | None:
+    """A server's model list: the names it serves and, where it says, their context."""
     try:
-        listed = msgspec.json.decode(content, type=_ModelList)
+        return msgspec.json.decode(content, type=_ModelList)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return listed.data[0].max_model_len if listed.data else None
 
 
 async def run_checks(fleet: Fleet) -> None:

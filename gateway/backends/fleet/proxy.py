@@ -46,6 +46,7 @@ class Outgoing:
     keys: RequestKeys
     pinned: str | None  # X-Context-Version
     tenant: str | None = None  # the caller's tenant, for the worker's prefix-cache partition
+    model: str | None = None  # only backends that serve it are candidates
 
 
 def _candidates(fleet: Fleet, version: str | None, tried: set[str]) -> list[FleetBackend]:
@@ -77,7 +78,15 @@ def _pick_version(fleet: Fleet, pinned: str | None) -> str | None:
 
 async def forward(fleet: Fleet, out: Outgoing) -> Response[bytes] | Stream:
     version = _pick_version(fleet, out.pinned)
-    tried: set[str] = set()
+    # a backend that serves another model is never a candidate (as if already tried)
+    tried = {b.name for b in fleet.backends if not b.serves(out.model)}
+    if len(tried) == len(fleet.backends):
+        served = sorted({m for b in fleet.backends for m in b.models})
+        raise NotFoundError(
+            f"the model `{out.model}` does not exist; the fleet serves {', '.join(served)}",
+            param="model",
+            code="model_not_found",
+        )
     last = "no backend is available"
     for attempt in range(fleet.config.max_attempts):
         if attempt:

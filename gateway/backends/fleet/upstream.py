@@ -112,7 +112,7 @@ class FleetUpstream:
         salt = fleet.config.cache_salt(principal.cache_salt)  # the workers' partition
         if salt is not None:
             keys = replace(keys, extra_key=salt_key(salt))
-        out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER), salt)
+        out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER), salt, req.model)
         try:
             # a client gone before the answer: closing the backend request aborts the work there too
             answered = await cancel_on_disconnect(request.receive, forward(fleet, out))

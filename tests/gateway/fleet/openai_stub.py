@@ -16,6 +16,8 @@ import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
+from ..conftest import MODEL
+
 
 @dataclass
 class Behaviour:
@@ -24,6 +26,9 @@ class Behaviour:
     break_stream: bool = False  # send one event, then drop the connection
     delay_s: float = 0.0
     seen: list[dict[str, Any]] = field(default_factory=list)  # request bodies received
+    # what its /v1/models lists, so the router routes these names here (it answers any): the names
+    # tests send, its own and the real model's (the batch helpers' lines name that one)
+    models: tuple[str, ...] = ("stub", MODEL)
 
 
 def _completion(name: str) -> dict[str, Any]:
@@ -75,7 +80,7 @@ def stub_app(b: Behaviour) -> Litestar:
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [{"id": "stub", "object": "model", "created": 0, "owned_by": b.name}],
+            "data": [{"id": m, "object": "model", "created": 0, "owned_by": b.name} for m in b.models],
         }
 
     return Litestar(route_handlers=[chat, models], openapi_config=None, logging_config=None)

@@ -27,6 +27,7 @@ from gateway.server import serve_together
 from shared.certs import init_ca, issue_device, issue_server
 
 from ..batches import chat_line, lines_of, start, wait
+from ..conftest import MODEL
 from .openai_stub import StubServer
 from .stub_fleet import fleet_of
 
@@ -112,7 +113,7 @@ def test_a_device_reaches_the_fleet_through_the_edge_listener(edge_fleet: EdgeFl
         model="stub", messages=[{"role": "user", "content": f"{DOC}\nStream it."}], stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) in ("a", "b")
-    assert [m.id for m in client.models.list().data] == ["stub"]
+    assert [m.id for m in client.models.list().data] == ["stub", MODEL]  # the listing of a backend
 
 
 def test_a_batch_from_the_agent_runs_on_the_fleet(edge_fleet: EdgeFleet) -> None:
