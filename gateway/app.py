@@ -32,6 +32,7 @@ from gateway.batch import routes as batch_routes
 from gateway.batch.executor import upstream_executor
 from gateway.batch.runner import BatchRunner
 from gateway.errors import EXCEPTION_HANDLERS
+from gateway.openai import responses
 from gateway.openai import routes as openai_routes
 from gateway.ops import routes as ops_routes
 from gateway.ops.observe import Observe
@@ -98,6 +99,8 @@ def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
     batches = None if worker else batch_runner(gateway)
     if batches is not None:
         routes += batch_routes.ROUTES
+    if not worker:  # stored per gateway, so not on a worker
+        routes += responses.ROUTES
     app = litestar_app(gateway, routes, batches)
     document_bodies(app)
     # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and

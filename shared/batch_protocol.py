@@ -1,9 +1,9 @@
 """OpenAI's Files and Batch API wire types as msgspec Structs (the shapes of openai-python's `FileObject`,
 `Batch`, their lists, and the lines of batch input and output files).
 
-Requests decode strictly with unknown fields ignored, as in protocol.py. A batch input line keeps its
-`body` as the raw JSON bytes (`msgspec.Raw`), so a batch request is decoded by the very code that
-decodes a live request's body.
+Requests decode strictly and refuse unknown fields, as in protocol.py (`metadata` stays free-form). A
+batch input line keeps its `body` as the raw JSON bytes (`msgspec.Raw`), so a batch request is decoded
+by the very code that decodes a live request's body.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class FileUpload(Struct, kw_only=True):
     purpose: str
 
 
-class ExpiresAfter(Struct, kw_only=True):
+class ExpiresAfter(Struct, kw_only=True, forbid_unknown_fields=True):
     """When a file expires: `seconds` after its creation (the only anchor OpenAI offers)."""
 
     anchor: Literal["created_at"]
@@ -66,7 +66,7 @@ class ExpiresAfter(Struct, kw_only=True):
 # -- batches ----------------------------------------------------------------------------------
 
 
-class BatchCreateRequest(Struct, kw_only=True):
+class BatchCreateRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     input_file_id: str
     endpoint: str
     completion_window: str

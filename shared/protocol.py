@@ -1,8 +1,11 @@
 """OpenAI wire types as msgspec Structs: what the edge, the gateway and the workers decode and encode.
 
 Requests are decoded strictly (a string where an int belongs is a 400 naming the field, never a silent
-coercion) and unknown fields are ignored, as OpenAI does. Response fields that OpenAI omits rather than
-sends as null default to `UNSET`, which msgspec leaves out of the JSON.
+coercion) and an unknown field is a 400 naming it, as OpenAI answers: a field we ignored silently could
+be a constraint or an option the client relies on (fail closed). The OpenAI fields we accept without
+acting on them are hints that cannot change the output; each says so where it is declared. Response
+fields that OpenAI omits rather than sends as null default to `UNSET`, which msgspec leaves out of the
+JSON.
 """
 
 from __future__ import annotations
@@ -19,54 +22,72 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 # -- requests ---------------------------------------------------------------------------------
 
 
-class ContentPart(Struct, kw_only=True, omit_defaults=True):
+class ContentPart(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     type: str  # "text", "image_url" or our "image_features"; anything else is a 400 naming the part
     text: str | None = None
     image_url: ImageUrl | None = None
     image_features: ImageFeatures | None = None
+    # OpenAI's other part types, declared so that their refusal names the part type (chat.py)
+    input_audio: dict[str, Any] | None = None
+    file: dict[str, Any] | None = None
 
 
-class ChatMessage(Struct, kw_only=True, omit_defaults=True):
+class ChatMessage(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # an assistant's earlier refusal, as OpenAI's SDK sends a replayed message back; the turn's text
+    # when it has no content (gateway/openai/chat.py)
+    refusal: str | None = None
 
 
-class StreamOptions(Struct, kw_only=True):
+class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     include_usage: bool = False
+    # accepted and ignored: we add no `obfuscation` padding to chunks, so there is none to turn off
+    include_obfuscation: bool | None = None
 
 
-class JsonSchemaSpec(Struct, kw_only=True):
+class JsonSchemaSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     name: str = "response"
     schema: dict[str, Any] | None = None  # None: any JSON object
     strict: bool | None = None  # we enforce every schema we accept, strict or not
     description: str | None = None
 
 
-class ResponseFormat(Struct, kw_only=True):
-    type: Literal["text", "json_object", "json_schema"] = "text"
+class ResponseFormat(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema", "regex"] = "text"
     json_schema: JsonSchemaSpec | None = None
+    regex: str | None = None  # type "regex" (an extension some clients send): the output matches it
 
 
-class FunctionDef(Struct, kw_only=True):
+class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs`: exactly one of these (gateway/openai/constraint_fields.py)."""
+
+    json: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF / GBNF
+
+
+class FunctionDef(Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None  # None: no arguments (an empty object)
     strict: bool | None = None
 
 
-class Tool(Struct, kw_only=True):
+class Tool(Struct, kw_only=True, forbid_unknown_fields=True):
     type: Literal["function"]
     function: FunctionDef
 
 
-class FunctionName(Struct, kw_only=True):
+class FunctionName(Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
 
 
-class NamedToolChoice(Struct, kw_only=True):
+class NamedToolChoice(Struct, kw_only=True, forbid_unknown_fields=True):
     type: Literal["function"]
     function: FunctionName
 
@@ -74,13 +95,13 @@ class NamedToolChoice(Struct, kw_only=True):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class CtxfuseOptions(Struct, kw_only=True):
+class CtxfuseOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Our extensions, under the request's `ctxfuse` key."""
 
     field_confidence: bool = False  # structured output: a confidence per leaf field of the JSON
 
 
-class SamplingFields(Struct, kw_only=True):
+class SamplingFields(Struct, kw_only=True, forbid_unknown_fields=True):
     """The sampling fields chat and completions share (OpenAI's, then the common extensions)."""
 
     model: str
@@ -102,10 +123,32 @@ class SamplingFields(Struct, kw_only=True):
     stop_token_ids: list[int] | None = None
     response_format: ResponseFormat | None = None
     ctxfuse: CtxfuseOptions | None = None
+    # Accepted and ignored: OpenAI's hints about storage, billing, caching and abuse tracking. None
+    # changes what the model writes, and a client never reads them back from the response.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    # Constraint extensions, at most one per request with response_format json_*/regex
+    # (gateway/openai/constraint_fields.py). vLLM's:
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # accepted and ignored: vLLM's choice of constraint engine; ours (xgrammar) enforces the same
+    # constraint, so the output a client relies on is unchanged
+    guided_decoding_backend: str | None = None
+    # llama.cpp's: a GBNF grammar, or a JSON schema for the output
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
+    modalities: list[Literal["text"]] | None = None  # text is all we write; "audio" is a 400
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -113,6 +156,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # vLLM's: more variables for the chat template (e.g. {"enable_thinking": false}); the names the
+    # template is always given (messages, tools, the special tokens) are refused
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -125,7 +171,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     best_of: int | None = None
 
 
-class TokenizeRequest(Struct, kw_only=True):
+class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -133,7 +179,7 @@ class TokenizeRequest(Struct, kw_only=True):
     # `messages` are rendered with the chat template, generation prompt included, exactly as chat does
 
 
-class DetokenizeRequest(Struct, kw_only=True):
+class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     tokens: list[int]
     model: str | None = None
 

@@ -21,12 +21,13 @@ def render_chat_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> ChatPrompt:
     messages, images = flatten_content(messages)
     if template_takes_tools(template.source):
-        text = template.render(template_messages(messages), tools=tools or None)
+        text = template.render(template_messages(messages), tools=tools or None, extra=template_kwargs)
     else:
-        text = template.render(messages_with_tools(messages, tools, tool_choice))
+        text = template.render(messages_with_tools(messages, tools, tool_choice), extra=template_kwargs)
     if not images:
         return ChatPrompt(tokenizer.encode(text, add_special=False))
     ids, offsets = tokenizer.encode_with_offsets(text)

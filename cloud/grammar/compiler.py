@@ -9,7 +9,6 @@ compilation is not cached.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -22,10 +21,11 @@ from shared.errors import InvalidRequestError
 from .formats import grammar_schema
 from .schema_paths import RefError
 from .spec import GrammarSpec
+from .text_grammar import xgrammar_reason
 from .tool_grammar import tool_call_structural_tag
 
-# xgrammar prefixes its C++ messages with "[hh:mm:ss] /path/file.cc:123: "; the rest is the reason
-_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+_WHAT = {"json_schema": "schema", "tool_calls": "schema", "regex": "regex", "ebnf": "grammar"}
+_CODE = {"json_schema": "invalid_schema", "tool_calls": "invalid_schema", "regex": "invalid_regex"}
 
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
@@ -93,17 +93,20 @@ class GrammarCompiler:
                 return self._compiler.compile_json_schema(
                     schema, any_whitespace=False, strict_mode=spec.strict
                 )
+            if spec.kind == "regex":
+                return self._compiler.compile_regex(spec.source)
+            if spec.kind == "ebnf":
+                return self._compiler.compile_grammar(spec.source, root_rule_name="root")
             return self._compiler.compile_structural_tag(tool_call_structural_tag(spec.source))
         except (RuntimeError, ValueError, RefError) as exc:
             raise InvalidRequestError(
-                f"the schema cannot be compiled into a grammar: {_reason(exc)}",
+                f"the {_WHAT[spec.kind]} cannot be compiled into a grammar: {_reason(exc)}",
                 param=spec.origin,
-                code="invalid_schema",
+                code=_CODE.get(spec.kind, "invalid_grammar"),
             ) from exc
 
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, RefError):
         return f"$ref {exc.ref!r} {exc.detail}"
-    text = str(exc).strip()
-    return _LOG_PREFIX.sub("", text.splitlines()[0]) if text else type(exc).__name__
+    return xgrammar_reason(exc)

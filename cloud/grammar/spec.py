@@ -1,7 +1,8 @@
-"""What a request asks its output to follow, as plain data: a JSON schema, or tool calls (the
-functions, whether a call is required, whether several may be made). The spec travels with the
-request's sampling parameters; the grammar compiled from it is looked up by its key, so equal specs
-compile once."""
+"""What a request asks its output to follow, as plain data: a JSON schema, tool calls (the
+functions, whether a call is required, whether several may be made), a regular expression, or an
+EBNF/GBNF grammar (a list of choices is a grammar of alternatives: text_grammar.py). The spec travels
+with the request's sampling parameters; the grammar compiled from it is looked up by its key, so equal
+specs compile once."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-GrammarKind = Literal["json_schema", "tool_calls"]
+GrammarKind = Literal["json_schema", "tool_calls", "regex", "ebnf"]
 
 
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
     kind: GrammarKind
-    source: str  # canonical JSON text: the schema, or {"functions", "required", "parallel"}
+    # json_schema and tool_calls: canonical JSON text (the schema, or {"functions", "required",
+    # "parallel"}); regex: the pattern; ebnf: the grammar text, whose start rule is `root`
+    source: str
     # json_schema only: properties a schema does not list are refused (OpenAI's strict reading); off
     # for json_object mode, whose schema is just {"type": "object"}
     strict: bool = True
@@ -34,6 +37,14 @@ class GrammarSpec:
         text; `parallel`: more than one call allowed."""
         source = {"functions": functions, "required": required, "parallel": parallel}
         return cls("tool_calls", canonical_json(source), origin="tools")
+
+    @classmethod
+    def regex(cls, pattern: str, origin: str) -> GrammarSpec:
+        return cls("regex", pattern, origin=origin)
+
+    @classmethod
+    def ebnf(cls, grammar: str, origin: str) -> GrammarSpec:
+        return cls("ebnf", grammar, origin=origin)
 
     @property
     def key(self) -> str:

@@ -9,6 +9,7 @@ exactly as its authors tested it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,10 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+# what every render sets: a request may add variables, never replace these
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 def _raise_exception(message: str) -> None:
@@ -89,10 +94,19 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text for `messages`; a conversation the template refuses is the client's error."""
+        """The prompt text for `messages`; a conversation the template refuses is the client's error.
+        `extra`: more template variables (a request's chat_template_kwargs), never one of ours."""
+        taken = RESERVED_VARIABLES.intersection(extra or {})
+        if taken:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(sorted(taken))}: the server sets it",
+                param="chat_template_kwargs",
+            )
         try:
             return self._template.render(
+                **(extra or {}),
                 messages=messages,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,

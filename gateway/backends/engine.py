@@ -41,10 +41,12 @@ class Backend(Protocol):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> ChatPrompt:
         """The prompt of `messages` through the chat template, with `tools` (OpenAI's shape) in the
         prompt; `tool_choice`: None (the model decides), "required" or the forced function's name.
-        Content may be a string or a list of text and image_features parts."""
+        Content may be a string or a list of text and image_features parts; `template_kwargs`: more
+        variables for the chat template (a request's chat_template_kwargs)."""
 
     def check_text_size(self, num_chars: int) -> None:
         """Raise context_length_exceeded, before any tokenizing, for a prompt whose text alone
@@ -96,8 +98,9 @@ class InProcessBackend:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> ChatPrompt:
-        return self.engine.core.chat_prompt(messages, tools, tool_choice)
+        return self.engine.core.chat_prompt(messages, tools, tool_choice, template_kwargs)
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.engine.core.default_max_tokens(num_prompt_tokens)

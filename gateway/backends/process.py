@@ -121,8 +121,11 @@ class ProcessBackend:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> ChatPrompt:
-        return render_chat_prompt(self.chat_template, self.tokenizer, messages, tools, tool_choice)
+        return render_chat_prompt(
+            self.chat_template, self.tokenizer, messages, tools, tool_choice, template_kwargs
+        )
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self._admission.default_max_tokens(num_prompt_tokens)

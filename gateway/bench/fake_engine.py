@@ -71,6 +71,7 @@ class InstantBackend:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> ChatPrompt:
         return ChatPrompt(self.tokenizer.encode(" ".join(str(m.get("content", "")) for m in messages)))
 

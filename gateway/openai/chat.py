@@ -10,8 +10,10 @@ from typing import Any
 import msgspec
 
 from cloud.engine.request import ImageSpan, SamplingParams
+from cloud.grammar.spec import GrammarSpec
 from gateway.backends.engine import Backend, Generation
 from gateway.openai import structured, structured_result
+from gateway.openai.constraint_fields import output_constraint
 from gateway.openai.images import Images
 from gateway.openai.logprobs import chat_logprobs
 from gateway.openai.results import ChoiceResult, Reply, UsageTally, annotate_usage, collect
@@ -60,7 +62,8 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
-        d["content"] = _content(i, m)
+        # a replayed refusal is what the assistant said in that turn
+        d["content"] = m.refusal if m.content is None and m.refusal is not None else _content(i, m)
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls is not None:
@@ -82,31 +85,40 @@ class ChatPlan:
     image_spans: tuple[ImageSpan, ...] = ()
 
 
-def _structure(req: ChatCompletionRequest) -> tuple[Structure | None, structured.ToolsPrompt]:
+def _structure(
+    req: ChatCompletionRequest,
+) -> tuple[Structure | None, GrammarSpec | None, structured.ToolsPrompt]:
+    """(JSON or tool calls to check once finished, the grammar the output follows, the tools prompt).
+    A regex, choice or grammar constraint is a grammar with no Structure: the output is plain text."""
     confidence = req.ctxfuse is not None and req.ctxfuse.field_confidence
-    json_out = structured.response_format_structure(req.response_format, confidence)
+    asked = output_constraint(req, confidence)
     tools_out, prompt = structured.tools_structure(req, confidence)
-    if json_out is not None and tools_out is not None and tools_out.spec.kind == "tool_calls":
+    if asked is not None and tools_out is not None:
         if req.tool_choice in (None, "auto"):
+            field = asked.origin if isinstance(asked, GrammarSpec) else asked.spec.origin
             raise InvalidRequestError(
-                "response_format json_object or json_schema cannot be combined with tools the model may "
-                'or may not call; set tool_choice to "none", "required" or a function',
-                param="response_format",
+                "an output constraint cannot be combined with tools the model may or may not call; set "
+                'tool_choice to "none", "required" or a function',
+                param=field.split(".")[0],
             )
-        json_out = None  # the output is tool calls only
-    if confidence and json_out is None and tools_out is None:
+        asked = None  # the output is tool calls only
+    if isinstance(asked, GrammarSpec):
+        return None, asked, prompt
+    if confidence and asked is None and tools_out is None:
         raise InvalidRequestError(
             "ctxfuse.field_confidence needs structured output (response_format json_* or tools)",
             param="ctxfuse.field_confidence",
         )
-    return json_out or tools_out, prompt
+    out = asked or tools_out
+    return out, out.spec if out is not None else None, prompt
 
 
 def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
-    structure, tools = _structure(req)
-    prompt = backend.encode_chat(message_dicts(req.messages), tools.tools, tools.choice)
+    structure, grammar, tools = _structure(req)
+    messages = message_dicts(req.messages)
+    prompt = backend.encode_chat(messages, tools.tools, tools.choice, req.chat_template_kwargs)
     prompt_ids = prompt.token_ids
     field, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is None:
@@ -117,9 +129,8 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
         raise InvalidRequestError(f"{field} must be at least 1", param=field)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
-    if structure is not None:
-        params.grammar = structure.spec
-        params.constrained_logprobs = structure.confidence
+    params.grammar = grammar
+    params.constrained_logprobs = structure is not None and structure.confidence
     backend.check(prompt_ids, params)
     return ChatPlan(prompt_ids, params, req.logprobs, structure, prompt.image_spans)
 

@@ -14,7 +14,8 @@ from cloud.engine.request import SamplingParams
 from cloud.model.tokenizer import Tokenizer
 from gateway.backends.engine import Backend, Generation
 from gateway.encoding import SSE_DONE, sse_event
-from gateway.openai import structured, structured_result
+from gateway.openai import structured_result
+from gateway.openai.constraint_fields import output_constraint
 from gateway.openai.logprobs import append_completion_logprobs
 from gateway.openai.merge import merge
 from gateway.openai.results import (
@@ -62,7 +63,7 @@ class CompletionPlan:
     echo: bool
     logprobs: bool
     echo_texts: list[str] = field(default_factory=list)
-    structure: Structure | None = None  # response_format json_*: the text must be that JSON
+    structure: Structure | None = None  # a JSON constraint: the text must be that JSON
 
 
 async def prepare(req: CompletionRequest, backend: Backend) -> CompletionPlan:
@@ -85,9 +86,11 @@ def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
         max_tokens = backend.default_max_tokens(max(len(p) for p in prompts))
     params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
     confidence = req.ctxfuse is not None and req.ctxfuse.field_confidence
-    structure = structured.response_format_structure(req.response_format, confidence)
-    if structure is not None:
-        params.grammar = structure.spec
+    asked = output_constraint(req, confidence)
+    # JSON is checked once finished (structure); a regex, choice or grammar output is plain text
+    structure = asked if isinstance(asked, Structure) else None
+    if asked is not None:
+        params.grammar = asked.spec if isinstance(asked, Structure) else asked
         params.constrained_logprobs = confidence
     elif confidence:
         raise InvalidRequestError(

@@ -1,7 +1,8 @@
 """Strict decoding of request bodies into wire Structs, with the client's mistake named as OpenAI does.
 
 Litestar's own body decoding coerces ("5" becomes 5) and answers in its own error shape; decoding here
-keeps one rule for every route: a wrong type is a 400 whose `param` is the field's path.
+keeps one rule for every route: a wrong type or an unknown field is a 400 whose `param` is the field's
+path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,22 @@ T = TypeVar("T")
 
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+
+# Fields that OpenAI, vLLM or llama.cpp define and we cannot honour, with the reason: still a 400 (the
+# client asked for something we would not do), but one that says why. Any other unknown field gets
+# OpenAI's own message.
+_UNSUPPORTED = {
+    "audio": "this server writes text only; audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "the served models do not reason in a separate phase; remove reasoning_effort",
+    "verbosity": "verbosity is not supported; ask for the length you want in the prompt or max_tokens",
+    "functions": "the legacy `functions` field is not supported; send `tools`",
+    "function_call": "the legacy `function_call` field is not supported; send `tool_choice` (or, in a "
+    "message, `tool_calls`)",
+    "guided_whitespace_pattern": "a custom whitespace pattern is not supported; JSON is written compactly",
+}
 
 
 def _param(message: str) -> tuple[str, str | None]:
@@ -26,10 +43,22 @@ def _param(message: str) -> tuple[str, str | None]:
     if at:
         message = message[: at.start()]
         path = at.group("path").replace("[...]", "") or None
-    missing = _MISSING.search(message)
+    missing = _MISSING.search(message) or _UNKNOWN.search(message)
     if missing:
         path = f"{path}.{missing.group('field')}" if path else missing.group("field")
     return message, path
+
+
+def _unknown_field(message: str, param: str | None) -> InvalidRequestError | None:
+    """OpenAI's answer to a field it does not know, or our reason for one we know and cannot honour."""
+    unknown = _UNKNOWN.search(message)
+    if unknown is None:
+        return None
+    field = unknown.group("field")
+    reason = _UNSUPPORTED.get(field)
+    text = f"{field}: {reason}" if reason else f"Unrecognized request argument supplied: {field}"
+    where = f" (at `{param}`)" if param and param != field else ""
+    return InvalidRequestError(text + where, param=param)
 
 
 def decode_body(body: bytes, type_: type[T]) -> T:
@@ -39,6 +68,8 @@ def decode_body(body: bytes, type_: type[T]) -> T:
         return msgspec.json.decode(body, type=type_, strict=True)
     except msgspec.ValidationError as exc:
         reason, param = _param(str(exc))
+        if unknown := _unknown_field(reason, param):
+            raise unknown from None
         where = f" (at `{param}`)" if param else ""
         raise InvalidRequestError(f"invalid request: {reason}{where}", param=param) from None
     except msgspec.DecodeError as exc:

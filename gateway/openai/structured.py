@@ -1,6 +1,7 @@
 """Structured output at the gateway, before submission: what `response_format` and `tools` ask of the
-engine (a grammar spec, the tools for the prompt). Never fail open: every schema is checked
-(check_schema) before anything is queued. What a finished choice is: openai/structured_result.py.
+engine (a grammar spec, the tools for the prompt; the other constraint fields: constraint_fields.py).
+Never fail open: every schema is checked (check_schema) before anything is queued. What a finished
+choice is: openai/structured_result.py.
 """
 
 from __future__ import annotations
@@ -55,8 +56,16 @@ def checked_schema(schema: object, param: str) -> None:
         )
 
 
+def schema_structure(schema: dict[str, Any], param: str, confidence: bool) -> Structure:
+    """JSON content that must satisfy `schema`, which came from the request field `param`."""
+    checked_schema(schema, param)
+    return Structure(GrammarSpec.json_schema(schema, origin=param), schema, None, confidence)
+
+
 def response_format_structure(rf: ResponseFormat | None, confidence: bool) -> Structure | None:
-    if rf is None or rf.type == "text":
+    """The JSON that response_format json_object or json_schema asks for (None for text; type regex
+    is plain text: gateway/openai/constraint_fields.py)."""
+    if rf is None or rf.type not in ("json_object", "json_schema"):
         return None
     if rf.type == "json_object" or rf.json_schema is None or rf.json_schema.schema is None:
         if rf.type == "json_schema" and rf.json_schema is None:
@@ -64,10 +73,7 @@ def response_format_structure(rf: ResponseFormat | None, confidence: bool) -> St
                 "response_format type json_schema needs a json_schema object", param="response_format"
             )
         return Structure(GrammarSpec.json_schema(JSON_OBJECT, strict=False), JSON_OBJECT, None, confidence)
-    schema = rf.json_schema.schema
-    checked_schema(schema, "response_format.json_schema.schema")
-    spec = GrammarSpec.json_schema(schema, origin="response_format.json_schema.schema")
-    return Structure(spec, schema, None, confidence)
+    return schema_structure(rf.json_schema.schema, "response_format.json_schema.schema", confidence)
 
 
 def _parameters(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:

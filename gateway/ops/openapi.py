@@ -37,6 +37,8 @@ from shared.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from shared.responses_protocol import InputItemList, LifecycleEvent, ResponseDeleted, ResponsesRequest
+from shared.responses_protocol import Response as ResponseObject
 
 _REF = "#/components/schemas/{name}"
 _JSON = "application/json"
@@ -59,6 +61,12 @@ _ROUTES: dict[tuple[str, str], tuple[type | None, type, type | None]] = {
     ("/v1/batches", "get"): (None, BatchList, None),
     ("/v1/batches/{batch_id}", "get"): (None, Batch, None),
     ("/v1/batches/{batch_id}/cancel", "post"): (None, Batch, None),
+    # with "stream": true, Responses events (responses_stream.py); each names its `type`, the first
+    # and last carry the response
+    ("/v1/responses", "post"): (ResponsesRequest, ResponseObject, LifecycleEvent),
+    ("/v1/responses/{response_id}", "get"): (None, ResponseObject, None),
+    ("/v1/responses/{response_id}", "delete"): (None, ResponseDeleted, None),
+    ("/v1/responses/{response_id}/input_items", "get"): (None, InputItemList, None),
 }
 _MULTIPART = {
     ("/v1/files", "post"): {
@@ -112,7 +120,11 @@ def document_bodies(app: Litestar) -> None:
             op.request_body = RequestBody(content={"multipart/form-data": multipart}, required=True)
         content: dict[str, Any] = _BINARY if resp is bytes else {_JSON: _media(resp)}
         if chunk is not None:
-            content[_SSE] = _media(chunk)  # with "stream": true: `data: <chunk>` events, then [DONE]
+            # with "stream": true: `data: <chunk>` events, then [DONE]. Before OpenAPI 3.2 `schema`
+            # describes one event (its `data` is text), not the chunk JSON inside it
+            data = {"type": "string", "description": f"a {chunk.__name__} as JSON, or [DONE] last"}
+            event = {"type": "object", "required": ["data"], "properties": {"data": data}}
+            content[_SSE] = OpenAPIMediaType(schema=cast(Schema, event))
         op.responses = {
             "200": OpenAPIResponse(description="success", content=content),
             "4XX": error,

@@ -76,3 +76,38 @@ def test_the_router_keys_prompts_with_the_same_template(gguf_path: Path, tmp_pat
     req = ChatCompletionRequest(model="m", messages=[ChatMessage(role="user", content="Name a colour.")])
     keys, _ = fleet.request_keys(req, True)
     assert keys.token_ids == fleet.keys.tokenizer.encode(RENDERED, add_special=False)
+
+
+THINKING = (
+    "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}[NO THINKING]{% endif %}[ASSISTANT]"
+)
+
+
+def test_chat_template_kwargs_reach_the_template_and_cannot_replace_its_own(
+    loaded_model: LoadedModel,
+) -> None:
+    backend = InProcessBackend(AsyncEngine(EngineCore(replace(ENGINE, chat_template=THINKING), loaded_model)))
+    running = run_in_thread(backend, GatewayConfig(port=0))
+    body = {"model": ENGINE.served_model_name, "messages": MESSAGES, "max_tokens": 1}
+    try:
+        counts = {}
+        for kwargs in (None, {"enable_thinking": False}):
+            r = httpx.post(
+                f"{running.url}/v1/chat/completions", json={**body, "chat_template_kwargs": kwargs}
+            )
+            assert r.status_code == 200
+            counts[kwargs is None] = r.json()["usage"]["prompt_tokens"]
+        plain = "[USER] Name a colour.\n[ASSISTANT]"
+        quiet = "[USER] Name a colour.\n[NO THINKING][ASSISTANT]"
+        assert counts == {
+            True: len(backend.tokenizer.encode(plain, add_special=False)),
+            False: len(backend.tokenizer.encode(quiet, add_special=False)),
+        }
+        r = httpx.post(
+            f"{running.url}/v1/chat/completions", json={**body, "chat_template_kwargs": {"messages": []}}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    finally:
+        running.stop()
+        backend.shutdown()

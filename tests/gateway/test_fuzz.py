@@ -41,7 +41,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 # Upper bounds put on generated bodies so each request generates at most a few tokens; values at or
 # below them (negative ones included) go through unchanged, so the validation of each stays fuzzed.
-BOUNDS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "best_of": 2}
+BOUNDS = {"max_tokens": 4, "max_completion_tokens": 4, "max_output_tokens": 4, "n": 2, "best_of": 2}
 
 
 def bound_generation(body: Any) -> Any:
@@ -56,6 +56,8 @@ def bound_generation(body: Any) -> Any:
             body["max_tokens"] = BOUNDS["max_tokens"]  # completions default to 16
         if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
             body["max_tokens"] = BOUNDS["max_tokens"]  # chat defaults to the rest of the context
+        if "input" in body and "max_output_tokens" not in body:
+            body["max_output_tokens"] = BOUNDS["max_output_tokens"]  # responses: as chat
     return body
 
 

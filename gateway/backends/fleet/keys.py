@@ -71,7 +71,9 @@ class KeyMaker:
         try:
             _, tools = structured.tools_structure(req, False)
             messages = chat.message_dicts(req.messages)
-            prompt = render_chat_prompt(self.template, self.tokenizer, messages, tools.tools, tools.choice)
+            prompt = render_chat_prompt(
+                self.template, self.tokenizer, messages, tools.tools, tools.choice, req.chat_template_kwargs
+            )
         except CtxfuseError:  # the backend will refuse it with the right error; route it by its text
             return RequestKeys([], text)
         return RequestKeys(prompt.token_ids, text)

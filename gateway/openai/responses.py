@@ -1,0 +1,171 @@
+"""The Responses API (`POST /v1/responses`, and GET / DELETE / input_items of a stored response),
+answered through the gateway's own chat completions (routes.answer): the same checks of model, key
+and limits, over whichever upstream serves chat (the engine or the fleet).
+
+responses_convert.py translates the request and the whole answer, responses_stream.py the stream,
+response_store.py keeps stored responses per tenant. Served on the OpenAI port only (not on a
+worker): responses are stored by the gateway that made them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal, cast
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.response import Stream
+
+from gateway.access.auth import principal_of
+from gateway.backends.base import CHAT_PATH, Answered
+from gateway.encoding import encode
+from gateway.openai.decode import decode_body
+from gateway.openai.response_store import NotStored, ResponseStore, store_at
+from gateway.openai.responses_convert import (
+    Draft,
+    chat_body,
+    input_items,
+    refuse_unsupported,
+    whole_response,
+)
+from gateway.openai.responses_stream import retell
+from gateway.openai.routes import answer, gateway_of
+from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError
+from shared.protocol import ChatCompletion
+from shared.responses_protocol import (
+    InputItemList,
+    Item,
+    ResponseDeleted,
+    ResponsesRequest,
+)
+from shared.responses_protocol import (
+    Response as ResponseObject,
+)
+
+AnyRequest = Request[Any, Any, Any]
+_JSON = "application/json"
+
+
+async def _store(request: AnyRequest) -> ResponseStore:
+    """The app's store; the first call opens it on a worker thread (SQLite never runs on the loop)."""
+    store = request.app.state.get("responses")
+    if isinstance(store, ResponseStore):
+        return store
+    path = gateway_of(request).config.data / "responses.sqlite"
+    return await asyncio.to_thread(store_at, request.app.state, path)
+
+
+def _tenant(request: AnyRequest) -> str:
+    """The tenant whose responses a request sees (access/auth.py), as files and batches."""
+    return principal_of(request.state).tenant
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"no response with id {response_id!r}", param="response_id", code="not_found")
+
+
+async def _conversation(request: AnyRequest, req: ResponsesRequest) -> list[Item]:
+    """The items the answer sees: a previous response's input and output, then this input."""
+    items = input_items(req)
+    prev_id = req.previous_response_id
+    if prev_id is None:
+        return items
+    store = await _store(request)
+    prev = await asyncio.to_thread(store.get, _tenant(request), prev_id)
+    if prev is None:
+        raise NotFoundError(
+            f"no response with id {prev_id!r}", param="previous_response_id", code="not_found"
+        )
+    if isinstance(prev, NotStored):
+        raise InvalidRequestError(
+            f"response {prev_id!r} was made with store=false, so its conversation was not kept; send "
+            "the earlier turns in `input`",
+            param="previous_response_id",
+        )
+    return [*prev.input_items, *prev.response.output, *items]
+
+
+async def _drain(stream: Stream) -> None:
+    async for _ in cast(AsyncIterator[bytes], stream.iterator):
+        pass
+
+
+@post("/v1/responses", status_code=200, summary="Create a model response (OpenAI Responses API)")
+async def create_response(request: AnyRequest) -> Answered:
+    arrival = time.monotonic()
+    req = decode_body(await request.body(), ResponsesRequest)
+    refuse_unsupported(req)
+    items = await _conversation(request, req)
+    draft = Draft.of(req)
+    store, tenant = await _store(request), _tenant(request)
+
+    async def keep(response: ResponseObject) -> None:
+        await asyncio.to_thread(store.put, tenant, response, items)
+
+    answered = await answer(request, CHAT_PATH, chat_body(req, items), arrival)
+    if (answered.status_code or 200) >= 400:
+        return answered  # the chat path's error, in our error shape, as it came
+    if isinstance(answered, Stream):
+        if not req.stream:
+            await _drain(answered)
+            raise CtxfuseError("the upstream streamed a response asked for whole")
+        source = cast(AsyncIterator[bytes], answered.iterator)
+        return Stream(
+            retell(source, draft, keep),
+            media_type="text/event-stream",
+            headers=dict(answered.headers),
+            background=answered.background,  # closes the generation if the body never starts
+        )
+    content = answered.content if isinstance(answered.content, bytes) else encode(answered.content)
+    response = whole_response(draft, msgspec.json.decode(content, type=ChatCompletion))
+    await keep(response)
+    return Response(encode(response), media_type=_JSON)
+
+
+@get("/v1/responses/{response_id:str}", summary="Retrieve a stored model response")
+async def retrieve_response(request: AnyRequest, response_id: FromPath[str]) -> Response[bytes]:
+    store = await _store(request)
+    body = await asyncio.to_thread(store.response_json, _tenant(request), response_id)
+    if body is None:
+        raise _not_found(response_id)
+    return Response(body, media_type=_JSON)
+
+
+@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored model response")
+async def delete_response(request: AnyRequest, response_id: FromPath[str]) -> Response[bytes]:
+    store = await _store(request)
+    if not await asyncio.to_thread(store.delete, _tenant(request), response_id):
+        raise _not_found(response_id)
+    return Response(encode(ResponseDeleted(id=response_id)), media_type=_JSON)
+
+
+@get("/v1/responses/{response_id:str}/input_items", summary="List a stored response's input items")
+async def list_input_items(
+    request: AnyRequest,
+    response_id: FromPath[str],
+    limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+    order: FromQuery[Literal["asc", "desc"]] = "desc",
+    after: FromQuery[str | None] = None,
+) -> Response[bytes]:
+    store = await _store(request)
+    found = await asyncio.to_thread(store.get, _tenant(request), response_id)
+    if found is None or isinstance(found, NotStored):
+        raise _not_found(response_id)
+    items = found.input_items if order == "asc" else found.input_items[::-1]
+    if after is not None:  # items after the cursor; an unknown cursor pages from nothing
+        ids = [item.id for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    listed = InputItemList(
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(items) > limit,
+    )
+    return Response(encode(listed), media_type=_JSON)
+
+
+ROUTES = [create_response, retrieve_response, delete_response, list_input_items]
