@@ -177,6 +177,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     from cloud.bench.gpu_check import add_gpu_check_parser
     from cloud.bench.longctx import add_longctx_parser
     from cloud.bench.prefill_cap import add_prefill_cap_parser
+    from cloud.bench.schemabench import add_schemas_parser
     from cloud.bench.structured_bench import add_structured_parser
     from ctxfuse.engine_cli import add_engine_options
     from gateway.bench.edge.cli import add_edge_bench_parser
@@ -202,6 +203,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     add_longctx_parser(bench)
     add_prefill_cap_parser(bench)
     add_structured_parser(bench)
+    add_schemas_parser(bench)
     add_edge_bench_parser(bench)
     add_gpu_check_parser(bench)
     add_serve_bench_parser(bench)

@@ -1,4 +1,5 @@
-"""String formats the grammar does not check exactly, rewritten as patterns it does.
+"""String formats the grammar does not check exactly, rewritten as patterns it does; and patterns
+made to match the way JSON Schema means them (anywhere in the string), where xgrammar matches whole.
 
 xgrammar 0.2.9 shapes `date`, `time`, `date-time` and `ipv4` loosely (it writes 2024-02-30,
 22:59:60Z and 01.2.3.4), and a format it does not enforce would have to be refused. These patterns
@@ -13,6 +14,7 @@ import copy
 from typing import Any
 
 from .schema_paths import reachable
+from .shapes import normalized
 
 _DAY_31 = "(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
 _DAY_30 = "(0[469]|11)-(0[1-9]|[12][0-9]|30)"
@@ -33,14 +35,36 @@ FORMAT_PATTERNS = {
 
 def grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of a checked schema (schema_support.check_schema) with each of these formats replaced
-    by its pattern; the checker allows neither a pattern nor a length beside a format."""
-    out = copy.deepcopy(schema)
+    by its pattern; the checker allows neither a pattern nor a length beside a format. It starts
+    from the schema as the checker read it: in draft 2020-12, its shapes rewritten (shapes.py)."""
+    out = copy.deepcopy(normalized(schema))
     for node, _ in reachable(out):
+        if isinstance(node.get("pattern"), str) and "string" in _types(node):
+            node["pattern"] = full_match(node["pattern"])
         fmt = node.get("format")
         if isinstance(fmt, str) and fmt in FORMAT_PATTERNS and "string" in _types(node):
             del node["format"]
             node["pattern"] = FORMAT_PATTERNS[fmt]
     return out
+
+
+def full_match(pattern: str) -> str:
+    """A JSON Schema pattern matches anywhere in the string unless anchored; xgrammar matches a
+    pattern against the whole string. So an unanchored side gets `.*`: the grammar then accepts
+    every string with a match in it that has no line break around the match (xgrammar's `.` takes
+    none), a subset of what the pattern accepts. The checker allows anchors only at the ends."""
+    start = pattern.startswith("^")
+    end = pattern.endswith("$") and not _escaped(pattern, len(pattern) - 1)
+    if start and end:
+        return pattern
+    body = pattern[1 if start else 0 : len(pattern) - 1 if end else len(pattern)]
+    return f"{'^' if start else '.*'}({body}){'$' if end else '.*'}"
+
+
+def _escaped(text: str, i: int) -> bool:
+    """Whether the character at `i` follows an odd run of backslashes."""
+    run = len(text[:i]) - len(text[:i].rstrip("\\"))
+    return run % 2 == 1
 
 
 def _types(node: dict[str, Any]) -> list[str]:

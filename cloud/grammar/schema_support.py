@@ -8,6 +8,9 @@ code unsupported_schema_feature) naming the keyword and the JSON path of the sch
 malformed schema (not JSON Schema, or a $ref that points nowhere) is refused too (code invalid_schema).
 Schemas that are well formed but match nothing (minItems above maxItems, an empty enum) pass here and
 fail to compile, which the grammar compiler also reports as invalid_schema.
+
+What is judged is the schema the grammar is compiled from: an older draft rewritten into 2020-12
+(dialects.py) and shapes xgrammar would misread rewritten into equivalent ones (shapes.py).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import jsonschema_rs
 
 from shared.errors import InvalidRequestError
 
+from .dialects import KNOWN
 from .formats import FORMAT_PATTERNS
 from .schema_paths import Path, RefError, follow, format_path, reachable
+from .shapes import normalized
 
 # Measured against xgrammar 0.2.9 (compile_json_schema with any_whitespace=False, strict_mode=True) by
 # the probes in tests/cloud/grammar/test_schema_support.py: a keyword is supported when the grammar
@@ -51,13 +56,9 @@ SUPPORTED_FORMATS = frozenset(
     | {"relative-json-pointer"}
     | FORMAT_PATTERNS.keys()
 )
-# Drafts whose supported keywords mean what they mean in 2020-12 (draft 4's boolean exclusiveMinimum
-# does not). Checked before jsonschema_rs reads the schema: it would fetch an unknown $schema URL.
-DIALECTS = frozenset(
-    f"{base}/schema{end}"
-    for base in ("https://json-schema.org/draft/2020-12", "https://json-schema.org/draft/2019-09")
-    for end in ("", "#")
-) | frozenset(f"http://json-schema.org/draft-0{n}/schema{end}" for n in (6, 7) for end in ("", "#"))
+# Drafts read by rewriting them into 2020-12 (dialects.py). Checked before jsonschema_rs reads the
+# schema: it would fetch an unknown $schema URL.
+DIALECTS = KNOWN
 
 _ENFORCE = "constrained decoding cannot enforce it"
 _TYPED = {  # keyword -> the "type" it constrains; without "type" xgrammar ignores several of them
@@ -80,16 +81,20 @@ def check_schema(schema: object, param: str) -> None:
         raise checker.invalid((), f"a schema must be a JSON object, not {_json_type(schema)}")
     checker.check_identity(schema, ())
     try:
-        jsonschema_rs.meta.validate(schema)
-        for node, path in reachable(schema):
+        jsonschema_rs.meta.validate(schema)  # in the schema's own draft
+        current = checker.root = normalized(schema)  # as the grammar is compiled from it
+        for node, path in reachable(current):
             checker.check_node(node, path)
         # only now, with remote $refs refused (it would fetch them): what the meta-schema leaves out,
         # such as a pattern that is no regex
-        jsonschema_rs.validator_for(schema)
+        jsonschema_rs.validator_for(current)
     except jsonschema_rs.ValidationError as exc:
         raise checker.invalid(tuple(exc.instance_path), exc.message) from None
     except jsonschema_rs.ReferencingError as exc:
         raise checker.invalid((), str(exc)) from None
+    except (RecursionError, ValueError) as exc:  # jsonschema_rs: ValueError("Recursion limit reached")
+        deep = isinstance(exc, RecursionError) or "recursion" in str(exc).lower()
+        raise checker.invalid((), "the schema nests too deeply to be read" if deep else str(exc)) from None
     except RefError as exc:
         what = f"$ref {json.dumps(exc.ref)}"
         if exc.remote:
@@ -113,8 +118,10 @@ class _Checker:
     def check_identity(self, node: dict[str, Any], path: Path) -> None:
         dialect = node.get("$schema")  # one that is not a string is left to the meta-schema
         if isinstance(dialect, str) and (path or dialect not in DIALECTS):
-            raise self.unsupported("$schema", path, "only draft 2020-12, 2019-09, 7 or 6, at the root")
-        if "$id" in node and path:
+            raise self.unsupported("$schema", path, "only draft 2020-12, 2019-09, 7, 6 or 4, at the root")
+        # a nested $id with no $ref under it changes nothing the grammar reads (generated draft 4
+        # schemas put one on every node)
+        if "$id" in node and path and _holds_ref(node):
             raise self.unsupported("$id", path, "a nested $id moves where the $refs under it resolve")
 
     def check_node(self, node: dict[str, Any], path: Path) -> None:
@@ -181,8 +188,8 @@ class _Checker:
 
     def exclusive(self, branches: list[Any], path: Path) -> bool:
         """Whether no value satisfies two of the oneOf `branches`, so that anyOf, which is what the
-        grammar enforces, means oneOf: shown by disjoint types, or by disjoint const/enum values of
-        a property that every branch, an object, requires."""
+        grammar enforces, means oneOf: shown by disjoint types, by disjoint const/enum values of a
+        property that every branch, an object, requires, or pair by pair (_excludes)."""
         resolved = [follow(self.root, branch, path)[0] for branch in branches]
         if len(resolved) < 2:
             return True
@@ -191,6 +198,8 @@ class _Checker:
         # every integer is a number
         types = [_types(b) | ({"integer"} if "number" in _types(b) else set()) for b in resolved]
         if all(types) and _disjoint(types):
+            return True
+        if all(_excludes(a, b) or _excludes(b, a) for i, a in enumerate(resolved) for b in resolved[i + 1 :]):
             return True
         for name in resolved[0].get("required", []):
             values = [self.listed_values(branch, name, path) for branch in resolved]
@@ -209,6 +218,30 @@ class _Checker:
         if any(isinstance(value, dict | list) for value in listed):
             return None
         return {(isinstance(value, bool), value) for value in listed}  # true and 1 differ in JSON
+
+
+def _holds_ref(node: Any) -> bool:
+    """Whether a $ref is written anywhere inside `node` (enum and const values included: cheap and
+    on the safe side)."""
+    if isinstance(node, dict):
+        return "$ref" in node or any(_holds_ref(value) for value in node.values())
+    return isinstance(node, list) and any(_holds_ref(item) for item in node)
+
+
+def _excludes(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether no value satisfies both branches `a` and `b`: their types share nothing, or both take
+    objects only and `a` requires a property `b` forbids (b lists it not, and takes no others)."""
+    types_a, types_b = _types(a), _types(b)
+    if types_a and types_b and _disjoint([_with_integer(types_a), _with_integer(types_b)]):
+        return True
+    if types_a != {"object"} or types_b != {"object"}:
+        return False
+    closed = b.get("additionalProperties") is False and "patternProperties" not in b
+    return closed and any(name not in (b.get("properties") or {}) for name in a.get("required", []))
+
+
+def _with_integer(types: set[str]) -> set[str]:
+    return types | {"integer"} if "number" in types else types
 
 
 def _types(node: dict[str, Any]) -> set[str]:
