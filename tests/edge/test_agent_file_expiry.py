@@ -14,7 +14,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -50,13 +50,16 @@ class Side:
     agent: Agent
     url: str
     clock: Clock
+    opened: list[httpx.Client] = field(default_factory=list)
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30)
 
     def gateway_client(self) -> openai.OpenAI:
-        """The gateway's Files and Batch API as this device sees it (its edge listener)."""
+        """The gateway's Files and Batch API as this device sees it (its edge listener); closed with
+        the fixture, so no kept-alive connection holds the gateway's shutdown."""
         http = httpx.Client(verify=client_context(self.gateway.tls, "dev1"), timeout=30)
+        self.opened.append(http)
         return openai.OpenAI(base_url=f"{self.gateway.edge_url}/v1", api_key="unused", http_client=http)
 
 
@@ -73,7 +76,10 @@ def side(gw: Gatewayside, tmp_path: Path) -> Iterator[Side]:
     clock = Clock()
     agent.outbox.clock = clock
     with serving(agent) as url:
-        yield Side(gw, agent, url, clock)
+        side = Side(gw, agent, url, clock)
+        yield side
+        for http in side.opened:
+            http.close()
 
 
 def batch_input(*custom_ids: str) -> bytes:
