@@ -17,6 +17,7 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from gateway.access.keys import KeyStore
 from gateway.backends.engine import Backend, InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer, build_server
@@ -103,3 +104,12 @@ def wait_idle(backend: Backend, free_blocks: int, timeout: float = 10.0) -> None
         if time.monotonic() - start > timeout:
             raise AssertionError(f"engine not idle after {timeout}s: {s}")
         time.sleep(0.01)
+
+
+@pytest.fixture
+def keyed(backend: InProcessBackend, tmp_path: Path) -> Iterator[tuple[Running, KeyStore]]:
+    """A gateway that requires keys (tenants' keys from `store`, or its own --api-key)."""
+    store = KeyStore(tmp_path / "keys.sqlite")
+    running = run_in_thread(backend, replace(GATEWAY, data_dir=tmp_path, api_key="admin-shortcut"))
+    yield running, store
+    running.stop()

@@ -6,9 +6,7 @@ chat completion the same conversation gets, which is what the Responses API is b
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import anyio
@@ -21,12 +19,11 @@ from openai.types.responses import ResponseItemList, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from gateway.access.keys import KeyStore
-from gateway.backends.engine import InProcessBackend
 from gateway.openai.responses_convert import Draft
 from gateway.openai.responses_stream import retell
 from shared.responses_protocol import Response, ResponsesRequest
 
-from .conftest import GATEWAY, MODEL, Running, Served, run_in_thread
+from .conftest import MODEL, Running, Served
 
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0}
 
@@ -264,14 +261,6 @@ def test_the_openapi_document_describes_the_responses_routes(served: Served) -> 
     assert body["schema"]["$ref"] == "#/components/schemas/ResponsesRequest"
     assert {"get", "delete"} <= set(paths["/v1/responses/{response_id}"])
     assert "get" in paths["/v1/responses/{response_id}/input_items"]
-
-
-@pytest.fixture
-def keyed(backend: InProcessBackend, tmp_path: Path) -> Iterator[tuple[Running, KeyStore]]:
-    store = KeyStore(tmp_path / "keys.sqlite")
-    running = run_in_thread(backend, replace(GATEWAY, data_dir=tmp_path, api_key="admin-shortcut"))
-    yield running, store
-    running.stop()
 
 
 def test_another_tenants_key_never_sees_a_stored_response(keyed: tuple[Running, KeyStore]) -> None:

@@ -9,8 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,9 +16,8 @@ import openai
 import pytest
 
 from gateway.access.keys import KeyLimits, KeyStore
-from gateway.backends.engine import InProcessBackend
 
-from .conftest import GATEWAY, MODEL, Running, run_in_thread
+from .conftest import MODEL, Running
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -74,14 +71,6 @@ def test_the_keys_command_shows_the_secret_once(tmp_path: Path) -> None:
     assert KeyStore(tmp_path / "keys.sqlite").lookup(secret) is None
     bad = _cli("create", "--data-dir", str(tmp_path), "--tenant", "../x")
     assert bad.returncode != 0 and "tenant" in bad.stderr
-
-
-@pytest.fixture
-def keyed(backend: InProcessBackend, tmp_path: Path) -> Iterator[tuple[Running, KeyStore]]:
-    store = KeyStore(tmp_path / "keys.sqlite")
-    running = run_in_thread(backend, replace(GATEWAY, data_dir=tmp_path, api_key="admin-shortcut"))
-    yield running, store
-    running.stop()
 
 
 def _client(running: Running, key: str) -> openai.OpenAI:
