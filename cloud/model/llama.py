@@ -114,6 +114,11 @@ class LlamaModel:
         if max_positions != self.rope.max_positions:
             self.rope = RotaryEmbedding(self.config, max_positions, self.dtype, self.device)
 
+    def attention_window(self, layer: int) -> int | None:
+        """How many most recent positions (the query's own included) the layer attends to; None: all.
+        Every Llama-family layer is global; Gemma 3's local layers answer their sliding window."""
+        return None
+
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_blocks is not None:
             return gguf_dequantize(self.embed_blocks.rows(input_ids))
@@ -134,10 +139,12 @@ class LlamaModel:
         attention: StepAttention,
         logits_rows: torch.Tensor,  # [sampled] rows of the step whose next-token logits are wanted
         max_position: int | None = None,  # the largest of positions, when the caller knows it
+        head: bool = True,  # False: the final-normed hidden states of logits_rows (embeddings)
     ) -> torch.Tensor:
-        """Run one step; returns fp32 logits [sampled, vocab]."""
+        """Run one step; returns fp32 logits [sampled, vocab], or fp32 hidden states [sampled, hidden]
+        when head is False."""
         if self.fused:
-            return self._forward_fused(input_ids, positions, attention, logits_rows, max_position)
+            return self._forward_fused(input_ids, positions, attention, logits_rows, max_position, head)
         c = self.config
         n = input_ids.shape[0]
         h = self._embed(input_ids)  # [tokens, hidden]
@@ -155,7 +162,7 @@ class LlamaModel:
             gu = layer.gate_up(x)
             h = h + layer.down(F.silu(gu[:, : c.intermediate_size]) * gu[:, c.intermediate_size :])
         last = self._norm(h[logits_rows], self.final_norm)
-        return self.lm_head(last).float()
+        return self.lm_head(last).float() if head else last.float()
 
     def _forward_fused(
         self,
@@ -164,6 +171,7 @@ class LlamaModel:
         attention: StepAttention,
         logits_rows: torch.Tensor,
         max_position: int | None,
+        head: bool = True,
     ) -> torch.Tensor:
         """forward() with each residual add folded into the next RMSNorm and RoPE applied in place:
         the same arithmetic (fp32 norms, the residual rounded to the run dtype) in fewer passes."""
@@ -197,4 +205,4 @@ class LlamaModel:
             else:
                 h = h + down
         last = rms_norm(h[logits_rows], self.final_norm, eps)
-        return self.lm_head(last).float()
+        return self.lm_head(last).float() if head else last.float()
