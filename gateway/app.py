@@ -34,6 +34,7 @@ from gateway.batch.runner import BatchRunner
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.openai import responses
 from gateway.openai import routes as openai_routes
+from gateway.openai.response_store import close_store
 from gateway.ops import routes as ops_routes
 from gateway.ops.observe import Observe
 from gateway.ops.openapi import document_bodies
@@ -102,6 +103,8 @@ def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
     if not worker:  # stored per gateway, so not on a worker
         routes += responses.ROUTES
     app = litestar_app(gateway, routes, batches)
+    if not worker:
+        app.on_shutdown.append(close_store)
     document_bodies(app)
     # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and
     # takes the tenant its router names (for the prefix-cache partition)

@@ -43,7 +43,7 @@ class ImageFeatures(Struct, kw_only=True, omit_defaults=True):
     detail: Detail = "auto"
 
 
-class ImageUrl(Struct, kw_only=True):
+class ImageUrl(Struct, kw_only=True, forbid_unknown_fields=True):
     url: str
     detail: Detail = "auto"
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+from litestar import Litestar
 from litestar.datastructures import State
 
 from shared.responses_protocol import Item, Response
@@ -109,3 +110,13 @@ def store_at(state: State, path: Path) -> ResponseStore:
         if not isinstance(store, ResponseStore):
             store = state["responses"] = ResponseStore(path)
         return store
+
+
+def close_store(app: Litestar) -> None:
+    """The app's shutdown hook: close the store if a request opened it (its SQLite connection would
+    otherwise live until the process ends, holding the file's WAL open in tests and embedders)."""
+    with _open_lock:
+        store = app.state.get("responses")
+        if isinstance(store, ResponseStore):
+            del app.state["responses"]
+            store.close()

@@ -66,6 +66,13 @@ def test_an_unknown_nested_field_is_named_by_its_path(served: Served) -> None:
         f"{served.base_url}/completions", json={"model": MODEL, "prompt": "x", "response_format": rf}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.shema"
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==", "detial": "low"}}
+    r = httpx.post(
+        f"{served.base_url}/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": [part]}]},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].image_url.detial"
 
 
 def test_tokenize_and_detokenize_refuse_unknown_fields(served: Served) -> None:

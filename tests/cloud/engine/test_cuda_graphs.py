@@ -33,6 +33,8 @@ class _CpuGraphs(CudaGraphs):
 
 
 def _core(loaded_model, graphs: bool) -> EngineCore:  # type: ignore[no-untyped-def]
+    # the eager reference runs the PyTorch attention (the interpreter's Triton kernels, proven equal
+    # to it in test_attention_kernels.py, would only double the run's cost)
     config = EngineConfig(
         device="cpu",
         dtype="float32",
@@ -40,7 +42,7 @@ def _core(loaded_model, graphs: bool) -> EngineCore:  # type: ignore[no-untyped-
         kv_cache_memory_gib=0.05,
         max_model_len=256,
         max_num_seqs=4,
-        attention_kernels="triton",
+        attention_kernels="triton" if graphs else "torch",
     )
     core = EngineCore(config, loaded_model)
     if graphs:
