@@ -37,7 +37,6 @@ still needed it to reach the gateway fails there as `invalid_file`, as the gatew
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 import uuid
@@ -53,9 +52,18 @@ from shared.sql_page import newest_first
 from shared.sqlite_store import ensure_columns, open_db
 
 from .config import FullPolicy
+from .outbox_tables import (
+    ADDED_COLUMNS,
+    SCHEMA,
+    Transaction,
+    drop_oldest,
+    new_id,
+    read_batch,
+    read_file,
+    used_bytes,
+)
 from .outbox_values import (
     KEY_REUSED,
-    TERMINAL,
     Fetched,
     FileInUse,
     KeyReused,
@@ -65,47 +73,7 @@ from .outbox_values import (
     Upload,
 )
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    filename TEXT NOT NULL,
-    purpose TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    content BLOB NOT NULL,
-    idem_key TEXT NOT NULL,   -- sent with the upload to the gateway
-    remote_id TEXT UNIQUE,    -- the gateway's id: once uploaded (inputs) or where fetched from (results)
-    app_key TEXT UNIQUE,      -- the app's Idempotency-Key, with a digest of its request
-    app_digest BLOB,
-    expires_at INTEGER        -- NULL: kept until deleted
-);
-CREATE TABLE IF NOT EXISTS batches (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    request BLOB NOT NULL,    -- the app's BatchCreateRequest (JSON), input_file_id local
-    created_at INTEGER NOT NULL,
-    idem_key TEXT NOT NULL,
-    state TEXT NOT NULL,      -- local | file_uploaded | batch_created | completed
-    remote_id TEXT,
-    remote BLOB,              -- the gateway's Batch as last seen (JSON)
-    output_file_id TEXT,
-    error_file_id TEXT,
-    app_key TEXT UNIQUE,
-    app_digest BLOB,
-    cancel_at INTEGER,        -- when the app asked to cancel
-    cancel_sent INTEGER NOT NULL DEFAULT 0  -- the gateway has the cancel (or had nothing to cancel)
-);
-"""
-# columns an outbox written by an older agent lacks, added when it is opened
-_ADDED_COLUMNS = {
-    "batches": {"cancel_at": "INTEGER", "cancel_sent": "INTEGER NOT NULL DEFAULT 0"},  # before cancels
-    "files": {"expires_at": "INTEGER"},  # before expiry: files never expire
-}
 T = TypeVar("T")
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 class Outbox:
@@ -118,8 +86,8 @@ class Outbox:
             raise DirInUse(lock, "agent state dir (--state-dir)")
         self._dir_lock = lock
         self._db = open_db(path, durable=True)  # an accepted batch survives power loss too
-        self._db.executescript(_SCHEMA)
-        for table, columns in _ADDED_COLUMNS.items():  # an outbox written by an older agent
+        self._db.executescript(SCHEMA)
+        for table, columns in ADDED_COLUMNS.items():  # an outbox written by an older agent
             ensure_columns(self._db, table, columns)
         self._db.execute("CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)")
         self.clock = clock
@@ -149,7 +117,7 @@ class Outbox:
             full = self._make_room(len(content))
             if full is not None:
                 return full
-            file_id = _new_id("file-")
+            file_id = new_id("file-")
             expires_at = None if ttl_s is None else now + ttl_s
             self._db.execute(
                 "INSERT INTO files (id, filename, purpose, created_at, content, idem_key, app_key,"
@@ -167,7 +135,7 @@ class Outbox:
                 ).fetchone()
                 if found is not None:
                     return self._known(self._batch(found[0])) if bytes(found[1]) == digest else KEY_REUSED
-            batch_id = _new_id("batch_")
+            batch_id = new_id("batch_")
             self._db.execute(
                 "INSERT INTO batches (id, request, created_at, idem_key, state, app_key, app_digest)"
                 " VALUES (?, ?, ?, ?, 'local', ?, ?)",
@@ -192,7 +160,7 @@ class Outbox:
 
     def used_bytes(self) -> int:
         with self._lock:
-            return self._used()
+            return used_bytes(self._db)
 
     def list_batches(self, limit: int, after: str | None) -> list[Batch]:
         """Newest first, after the batch `after` (a cursor); one more than `limit` tells there are more."""
@@ -350,8 +318,8 @@ class Outbox:
 
     # -- inside the lock ----------------------------------------------------------------------------
 
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+    def _tx(self) -> Transaction:
+        return Transaction(self._db)
 
     def _now(self) -> int:
         return int(self.clock())
@@ -367,37 +335,13 @@ class Outbox:
         sql, args = newest_first(table, "id", limit, after, purpose)
         return [str(r[0]) for r in self._db.execute(sql, args).fetchall()]
 
-    def _used(self) -> int:
-        return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(content)), 0) FROM files").fetchone()[0])
-
     def _make_room(self, needed: int) -> OutboxFull | None:
-        used = self._used()
+        used = used_bytes(self._db)
         while used + needed > self.max_bytes:
-            if self.policy == "refuse" or needed > self.max_bytes or not self._drop_oldest():
+            if self.policy == "refuse" or needed > self.max_bytes or not drop_oldest(self._db):
                 return OutboxFull(needed=needed, free=max(0, self.max_bytes - used))
-            used = self._used()
+            used = used_bytes(self._db)
         return None
-
-    def _drop_oldest(self) -> bool:
-        """Drop the oldest batch and the files only it used (or, with no batch, the oldest file)."""
-        row = self._db.execute(
-            "SELECT id, json_extract(request, '$.input_file_id'), output_file_id, error_file_id"
-            " FROM batches ORDER BY seq LIMIT 1"
-        ).fetchone()
-        if row is None:
-            oldest = self._db.execute("SELECT id FROM files ORDER BY seq LIMIT 1").fetchone()
-            if oldest is None:
-                return False
-            self._db.execute("DELETE FROM files WHERE id = ?", (oldest[0],))
-            return True
-        self._db.execute("DELETE FROM batches WHERE id = ?", (row[0],))
-        for file_id in row[1:]:
-            still_used = self._db.execute(
-                "SELECT 1 FROM batches WHERE json_extract(request, '$.input_file_id') = ?", (file_id,)
-            ).fetchone()
-            if file_id is not None and still_used is None:
-                self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-        return True
 
     def _output_ttl(self, batch_id: str) -> int | None:
         """The lifetime the app gave the batch's result files (`output_expires_after`), if any."""
@@ -414,7 +358,7 @@ class Outbox:
             "INSERT OR IGNORE INTO files (id, filename, purpose, created_at, content, idem_key, remote_id,"
             " expires_at) VALUES (?, ?, 'batch_output', ?, ?, '', ?, ?)",
             (
-                _new_id("file-"),
+                new_id("file-"),
                 f"{fetched.remote_id}.jsonl",
                 now,
                 fetched.content,
@@ -432,68 +376,12 @@ class Outbox:
         return obj
 
     def _file(self, file_id: str) -> FileObject | None:
-        row = self._db.execute(
-            "SELECT id, LENGTH(content), created_at, filename, purpose, expires_at FROM files WHERE id = ?",
-            (file_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        return FileObject(
-            id=row[0], bytes=row[1], created_at=row[2], filename=row[3], purpose=row[4], expires_at=row[5]
-        )
+        return read_file(self._db, file_id)
 
     def _batch(self, batch_id: str) -> Batch | None:
-        row = self._db.execute(
-            "SELECT request, created_at, state, remote, output_file_id, error_file_id, cancel_at"
-            " FROM batches WHERE id = ?",
-            (batch_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        req = msgspec.json.decode(row[0], type=BatchCreateRequest)
-        local = Batch(
-            id=batch_id,
-            endpoint=req.endpoint,
-            input_file_id=req.input_file_id,
-            completion_window=req.completion_window,
-            status="validating",  # until the gateway has it
-            created_at=row[1],
-            metadata=req.metadata,
-        )
-        if row[3] is None:
-            return local
-        remote = msgspec.json.decode(row[3], type=Batch)
-        status, cancelling_at = remote.status, remote.cancelling_at
-        if row[2] != "completed" and row[6] is not None:
-            status, cancelling_at = "cancelling", cancelling_at or row[6]  # until the outcome is here
-        elif row[2] != "completed" and status in TERMINAL:
-            status = "finalizing"  # done there, results not yet here
-        return msgspec.structs.replace(
-            remote,
-            id=local.id,
-            input_file_id=local.input_file_id,
-            created_at=local.created_at,
-            metadata=local.metadata,
-            status=status,
-            cancelling_at=cancelling_at,
-            output_file_id=row[4],
-            error_file_id=row[5],
-        )
+        return read_batch(self._db, batch_id)
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
             self._dir_lock.release()
-
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on an exception (the connection runs in autocommit)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
