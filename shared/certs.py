@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import re
 import secrets
 import time
@@ -43,6 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from shared.durable_file import write_atomic
 from shared.errors import CtxfuseError
 from shared.tenant_name import TENANT_RULE, is_tenant_name
 
@@ -409,33 +409,8 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    _write_atomic(path, pem, 0o600)
+    write_atomic(path, pem, 0o600)
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    _write_atomic(path, data, 0o644)
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    # the file is born with `mode` (O_EXCL on a fresh name), filled and synced, then renamed over the
-    # target; syncing the directory makes the rename itself survive power loss
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, data, 0o644)
