@@ -89,6 +89,11 @@ class Reasoning(Struct, kw_only=True, forbid_unknown_fields=True):
     summary: str | None = None
 
 
+class ResponsesStreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
+    # accepted and ignored: no `obfuscation` padding is added to events, so there is none to turn off
+    include_obfuscation: bool | None = None
+
+
 class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     input: str | list[InputItem]
@@ -108,6 +113,16 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     reasoning: Reasoning | None = None
     background: bool | None = None  # only false: a response is answered while the request waits
     truncation: Literal["disabled"] | None = None  # "auto" would drop items we were asked to keep
+    # "message.output_text.logprobs" asks for each output token's logprob (with `top_logprobs`
+    # alternatives); others are refused by name (responses_convert.py)
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    stream_options: ResponsesStreamOptions | None = None
+    # accepted and echoed: prefix caching needs no key here (every request's prompt is looked up),
+    # and the identifier is the caller's own record, like `user`
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: Literal["auto", "default"] | None = None  # one tier here: "flex"/"priority" refused
 
 
 # -- conversation items (input and output, stored) ----------------------------------------------
@@ -210,6 +225,10 @@ class Response(Struct, kw_only=True):
     usage: ResponseUsage | None = None
     user: str | None = None
     background: bool = False
+    top_logprobs: int | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str = "default"
 
 
 class ResponseDeleted(Struct, kw_only=True):

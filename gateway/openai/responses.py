@@ -126,7 +126,15 @@ async def create_response(request: AnyRequest) -> Answered:
 
 
 @get("/v1/responses/{response_id:str}", summary="Retrieve a stored model response")
-async def retrieve_response(request: AnyRequest, response_id: FromPath[str]) -> Response[bytes]:
+async def retrieve_response(
+    request: AnyRequest, response_id: FromPath[str], stream: FromQuery[bool] = False
+) -> Response[bytes]:
+    if stream:
+        raise InvalidRequestError(
+            "only a background response can be streamed on retrieval, and background responses are "
+            "not supported here; retrieve it without `stream`",
+            param="stream",
+        )
     store = await _store(request)
     body = await asyncio.to_thread(store.response_json, _tenant(request), response_id)
     if body is None:

@@ -101,6 +101,16 @@ def input_items(req: ResponsesRequest) -> list[Item]:
 # -- request: the chat body ---------------------------------------------------------------------
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# reasoning.encrypted_content is accepted and adds nothing: the served models make no reasoning items
+_INCLUDABLE = frozenset({LOGPROBS_INCLUDE, "reasoning.encrypted_content"})
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    """Output tokens' logprobs are asked for by `include`, or by asking for their alternatives."""
+    return LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
+
+
 def refuse_unsupported(req: ResponsesRequest) -> None:
     """400 for what the request asks that we cannot honour (fail closed, naming the field)."""
     if req.background:
@@ -112,6 +122,13 @@ def refuse_unsupported(req: ResponsesRequest) -> None:
         )
     if req.reasoning is not None and req.reasoning.summary is not None:
         raise InvalidRequestError("reasoning summaries are not supported here", param="reasoning.summary")
+    for i, name in enumerate(req.include or []):
+        if name not in _INCLUDABLE:
+            raise InvalidRequestError(
+                f"include {name!r} is not supported here; the one output that can be included is "
+                f"{LOGPROBS_INCLUDE!r}",
+                param=f"include[{i}]",
+            )
     for i, tool in enumerate(req.tools or []):
         if tool.type != "function":
             raise InvalidRequestError(
@@ -178,6 +195,9 @@ def chat_body(req: ResponsesRequest, items: list[Item]) -> bytes:
     for field in ("temperature", "top_p", "user", "parallel_tool_calls"):
         if (value := getattr(req, field)) is not None:
             body[field] = value
+    if wants_logprobs(req):  # the chat path checks top_logprobs' range, naming the same field
+        body["logprobs"] = True
+        body["top_logprobs"] = req.top_logprobs or 0
     if (fmt := _response_format(req.text)) is not None:
         body["response_format"] = fmt
     if req.tools:
@@ -229,6 +249,9 @@ class Draft:
             top_p=req.top_p,
             usage=usage,
             user=req.user,
+            top_logprobs=req.top_logprobs,
+            prompt_cache_key=req.prompt_cache_key,
+            safety_identifier=req.safety_identifier,
         )
         if req.text is not None and req.text.format is not None:
             out.text = req.text
@@ -262,7 +285,8 @@ def whole_response(draft: Draft, chat: ChatCompletion) -> Response:
     status = status_of(choice.finish_reason)
     output: list[Item] = []
     if message.content or not message.tool_calls:
-        text = OutputText(text=message.content or "")
+        logprobs = choice.logprobs.content if choice.logprobs is not None else None
+        text = OutputText(text=message.content or "", logprobs=list(logprobs or []))
         output.append(Message(id=new_id("msg"), role="assistant", content=[text], status=status))
     for call in message.tool_calls or []:
         fn = call.function

@@ -21,7 +21,7 @@ import structlog
 
 from gateway.encoding import encode
 from gateway.openai.responses_convert import Draft, new_id, status_of, usage_of
-from shared.protocol import ChatCompletionChunk, ChunkDelta, Usage
+from shared.protocol import ChatCompletionChunk, ChunkDelta, TokenLogprob, Usage
 from shared.responses_protocol import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -70,6 +70,7 @@ class _Open:
     item: Message | FunctionCallItem
     index: int
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the text's, when they were asked for
 
 
 @dataclass(slots=True)
@@ -100,7 +101,7 @@ class Retell:
             out.append(self._part("added", o, ""))
         return o, out
 
-    def _part(self, kind: str, o: _Open, text: str) -> bytes:
+    def _part(self, kind: str, o: _Open, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
         return sse(
             ContentPartEvent(
                 type=f"response.content_part.{kind}",
@@ -108,7 +109,7 @@ class Retell:
                 item_id=o.item.id,
                 output_index=o.index,
                 content_index=0,
-                part=OutputText(text=text),
+                part=OutputText(text=text, logprobs=list(logprobs or [])),
             )
         )
 
@@ -120,9 +121,8 @@ class Retell:
         out: list[bytes] = []
         if isinstance(o.item, Message):
             status = status_of(self.finish_reason)
-            done: Item = Message(
-                id=o.item.id, role="assistant", content=[OutputText(text=o.text)], status=status
-            )
+            part = OutputText(text=o.text, logprobs=list(o.logprobs))
+            done: Item = Message(id=o.item.id, role="assistant", content=[part], status=status)
             out.append(
                 sse(
                     TextDoneEvent(
@@ -131,10 +131,11 @@ class Retell:
                         output_index=o.index,
                         content_index=0,
                         text=o.text,
+                        logprobs=list(o.logprobs),
                     )
                 )
             )
-            out.append(self._part("done", o, o.text))
+            out.append(self._part("done", o, o.text, o.logprobs))
         else:
             call = o.item
             done = FunctionCallItem(id=call.id, call_id=call.call_id, name=call.name, arguments=o.text)
@@ -162,7 +163,8 @@ class Retell:
         self.output.append(done)
         return out
 
-    def delta(self, d: ChunkDelta) -> list[bytes]:
+    def delta(self, d: ChunkDelta, logprobs: list[TokenLogprob] | None = None) -> list[bytes]:
+        """Events for one chat delta; `logprobs`: its content tokens' (when they were asked for)."""
         out: list[bytes] = []
         if isinstance(d.content, str) and d.content:
             o = self.open
@@ -173,6 +175,7 @@ class Retell:
                 )
                 out += added
             o.text += d.content
+            o.logprobs += logprobs or []
             out.append(
                 sse(
                     TextDeltaEvent(
@@ -181,6 +184,7 @@ class Retell:
                         output_index=o.index,
                         content_index=0,
                         delta=d.content,
+                        logprobs=list(logprobs or []),
                     )
                 )
             )
@@ -257,7 +261,8 @@ async def _events(state: Retell, source: AsyncIterator[bytes], finish: Finish) -
             state.usage = chunk.usage
         for choice in chunk.choices:
             state.finish_reason = choice.finish_reason or state.finish_reason
-            for event in state.delta(choice.delta):
+            logprobs = choice.logprobs.content if choice.logprobs is not None else None
+            for event in state.delta(choice.delta, logprobs):
                 yield event
     raise _Failed("the answer's stream ended before it was whole", "server_error", None)
 

@@ -161,6 +161,43 @@ def test_a_stream_sends_the_response_events_in_order(client: openai.OpenAI) -> N
     )  # stored before the last event
 
 
+def test_included_logprobs_are_the_chat_completions_in_whole_and_streamed_answers(
+    client: openai.OpenAI,
+) -> None:
+    asked: dict[str, Any] = {"include": ["message.output_text.logprobs"], "top_logprobs": 2, **GREEDY}
+    r = client.responses.create(
+        input="Say hello.", max_output_tokens=4, store=False, prompt_cache_key="greeting", **asked
+    )
+    chat = client.chat.completions.create(
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_completion_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        **GREEDY,
+    )
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content
+    expected = [
+        (t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in chat.choices[0].logprobs.content
+    ]
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.logprobs is not None
+    # the same tokens and alternatives; logprobs to float noise (a prefix-cache hit sums in another order)
+    got = [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in part.logprobs]
+    assert [(t, alts) for t, _, alts in got] == [(t, alts) for t, _, alts in expected]
+    assert [lp for _, lp, _ in got] == pytest.approx([lp for _, lp, _ in expected], abs=1e-3)
+    assert r.top_logprobs == 2 and r.prompt_cache_key == "greeting"
+    with client.responses.stream(input="Say hello.", max_output_tokens=4, store=False, **asked) as stream:
+        events = list(stream)
+    streamed = [t for e in events if e.type == "response.output_text.delta" for t in e.logprobs or []]
+    assert [t.token for t in streamed] == [t for t, _, _ in expected]
+    assert [t.logprob for t in streamed] == pytest.approx([lp for _, lp, _ in expected], abs=1e-3)
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert len(done.logprobs or []) == len(expected)  # type: ignore[union-attr]
+    # without asking, an answer carries none
+    plain = client.responses.create(input="Say hello.", max_output_tokens=2, store=False, **GREEDY)
+    assert not plain.output[0].content[0].logprobs  # type: ignore[union-attr]
+
+
 class Color(BaseModel):
     color: Literal["red", "green", "blue"]
 
@@ -233,6 +270,9 @@ def test_a_required_function_tool_gives_a_function_call_and_takes_its_output(cli
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0]",
         ),
+        ({"include": ["message.output_text.logprobs", "file_search_call.results"]}, "include[1]"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(
@@ -253,6 +293,15 @@ def test_an_unknown_field_is_a_400_and_chat_errors_pass_through(served: Served) 
         f"{served.base_url}/responses", json={"model": "no-such-model", "input": "hi"}, timeout=30
     )
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_stored_response_cannot_be_replayed_as_a_stream(client: openai.OpenAI, served: Served) -> None:
+    # OpenAI streams a retrieval only for a background response, which is refused here: say so
+    # rather than answer the JSON body to a client waiting for events
+    r = client.responses.create(input="Hi.", max_output_tokens=1, **GREEDY)
+    got = httpx.get(f"{served.base_url}/responses/{r.id}", params={"stream": "true"}, timeout=30)
+    assert got.status_code == 400 and got.json()["error"]["param"] == "stream"
+    assert httpx.get(f"{served.base_url}/responses/{r.id}", timeout=30).json()["id"] == r.id
 
 
 def test_the_openapi_document_describes_the_responses_routes(served: Served) -> None:
