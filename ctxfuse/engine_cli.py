@@ -33,8 +33,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         type=model_spec,
         default=None,
         metavar="[NAME=]PATH",
-        help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct, fetched if "
-        "missing), served as NAME when given; `ctxfuse serve` takes several (repeat the option)",
+        help="a .gguf file, a Hugging Face directory or a registered model (smollm2-135m-instruct, "
+        "gemma-3-270m; fetched if missing) (default: SmolLM2-135M-Instruct), served as NAME when "
+        "given; `ctxfuse serve` takes several (repeat the option)",
     )
     g.add_argument(
         "--chat-template",

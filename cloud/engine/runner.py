@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cloud.model.llama import LlamaModel
+from cloud.model.causal_lm import CausalLM
 
 from .attention import AnyKVCache, AttentionBackend, AttentionMetadata, BoundAttention, PrefillSeq
 from .cuda_graphs import CudaGraphs
 from .input_batch import InputBatch
 from .sampler import Sampler, SampleResult, SampleRow, SamplingBatch
 from .scheduler import ScheduledChunk, SchedulerOutput
+from .window_attention import with_windows
 
 
 @dataclass(slots=True)
@@ -49,7 +50,7 @@ class StepInputs:
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaModel,
+        model: CausalLM,
         cache: AnyKVCache,
         attention: AttentionBackend,
         sampler: Sampler,
@@ -59,7 +60,9 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.cache = cache
-        self.attention = attention
+        c = model.config
+        windows = [model.attention_window(i) for i in range(c.num_layers)]
+        self.attention = with_windows(attention, windows, c.head_dim, sink_blocks)
         self.sampler = sampler
         self.block_size = cache.block_size
         self.sink_blocks = sink_blocks  # of a sliding-window request

@@ -29,7 +29,7 @@ from .grammar_mask import GrammarMasks
 from .request import SamplingParams
 
 if TYPE_CHECKING:
-    from xgrammar import CompiledGrammar
+    from cloud.grammar.compiled import CompiledGrammar
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ from .kv_manager import KVManager
 from .request import FinishReason, Request, RequestStatus, SamplingParams
 
 if TYPE_CHECKING:
-    from xgrammar import CompiledGrammar
+    from cloud.grammar.compiled import CompiledGrammar
 
 
 @dataclass(frozen=True, slots=True)

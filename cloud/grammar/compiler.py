@@ -12,14 +12,18 @@ import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
+from typing import Any
 
 import xgrammar as xgr
 
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
 
+from .compiled import CompiledGrammar
 from .formats import grammar_schema
+from .llg_engine import compile_llg, llg_tokenizer
 from .schema_paths import RefError
+from .schema_support import check_schema
 from .spec import GrammarSpec
 from .text_grammar import xgrammar_reason
 from .tool_grammar import tool_call_structural_tag
@@ -36,6 +40,8 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
         "" if i in tokenizer.special_ids else (tokenizer.id_to_token(i) or "") for i in range(vocab_size)
     ]
     kind = xgr.VocabType.BYTE_LEVEL if tokenizer.byte_level else xgr.VocabType.RAW
+    if tokenizer.byte_fallback:  # SentencePiece: "▁" is a space, "<0xE2>" one byte
+        kind = xgr.VocabType.BYTE_FALLBACK
     return xgr.TokenizerInfo(encoded, kind, vocab_size=vocab_size, stop_token_ids=sorted(tokenizer.eos_ids))
 
 
@@ -46,13 +52,14 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(
             tokenizer_info(tokenizer, vocab_size), max_threads=2, cache_enabled=False
         )
-        self._cache: OrderedDict[str, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._llg_tokenizer = llg_tokenizer(tokenizer, vocab_size)
+        self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def cached(self, spec: GrammarSpec) -> xgr.CompiledGrammar | None:
+    def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
         """The compiled grammar if it is ready now, else None (never waits)."""
         with self._lock:
             done = self._cache.get(spec.key)
@@ -63,7 +70,7 @@ class GrammarCompiler:
             self.hits += 1
         return done.result()
 
-    def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """The compiled grammar for `spec`; raises InvalidRequestError if it cannot be compiled."""
         key = spec.key
         with self._lock:
@@ -86,13 +93,19 @@ class GrammarCompiler:
                 pending.set_exception(exc)
         return pending.result()
 
-    def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+    def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         try:
             if spec.kind == "json_schema":
-                schema = json.dumps(grammar_schema(json.loads(spec.source)))
+                # the engine is chosen per schema by the same check the gateway ran on it
+                source = json.loads(spec.source)
+                if check_schema(source, spec.origin) == "llguidance":
+                    return compile_llg(source, self._llg_tokenizer, spec.strict)
+                schema = json.dumps(grammar_schema(source))
                 return self._compiler.compile_json_schema(
                     schema, any_whitespace=False, strict_mode=spec.strict
                 )
+            if spec.kind == "tool_calls":
+                _xgrammar_only(json.loads(spec.source)["functions"])
             if spec.kind == "regex":
                 return self._compiler.compile_regex(spec.source)
             if spec.kind == "ebnf":
@@ -104,6 +117,19 @@ class GrammarCompiler:
                 param=spec.origin,
                 code=_CODE.get(spec.kind, "invalid_grammar"),
             ) from exc
+
+
+def _xgrammar_only(functions: dict[str, Any]) -> None:
+    """Tool calls compile through xgrammar's structural tags alone: parameters only llguidance can
+    enforce are refused, not handed to a grammar that would drop their keywords."""
+    for name, parameters in functions.items():
+        if check_schema(parameters, "tools") == "llguidance":
+            raise InvalidRequestError(
+                f"the parameters of function {name!r} need llguidance, which tool calls cannot use: "
+                "xgrammar cannot enforce them",
+                param="tools",
+                code="unsupported_schema_feature",
+            )
 
 
 def _reason(exc: Exception) -> str:

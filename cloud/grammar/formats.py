@@ -3,9 +3,10 @@ made to match the way JSON Schema means them (anywhere in the string), where xgr
 
 xgrammar 0.2.9 shapes `date`, `time`, `date-time` and `ipv4` loosely (it writes 2024-02-30,
 22:59:60Z and 01.2.3.4), and a format it does not enforce would have to be refused. These patterns
-accept exactly the valid values, leap years included, or a subset of them (no leap seconds; only
-"T" and "Z" in upper case), so the grammar compiled from the rewritten schema never lets an invalid
-value through. The finished output is still checked against the schema as sent.
+accept exactly the valid values, leap years included, or a subset of them (no leap seconds), so the
+grammar compiled from the rewritten schema never lets an invalid value through. The finished output
+is still checked against the schema as sent. llguidance's own `date` and `date-time` take 2023-02-29,
+so it is handed these patterns too (llg_schema).
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ _DAY_FEB = "02-(0[1-9]|1[0-9]|2[0-8])"
 # Gregorian leap years: divisible by 4 but not by 100, or by 400
 _LEAP_DAY = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29"
 DATE = f"([0-9]{{4}}-({_DAY_31}|{_DAY_30}|{_DAY_FEB})|{_LEAP_DAY})"
-TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+# RFC 3339 (section 5.6, its note) lets "T" and "Z" be written in lower case, as jsonschema_rs does
+TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 
 FORMAT_PATTERNS = {
     "date": DATE,
     "time": TIME,
-    "date-time": f"{DATE}T{TIME}",
+    "date-time": f"{DATE}[Tt]{TIME}",
     "ipv4": f"{_OCTET}(\\.{_OCTET}){{3}}",
 }
+# the formats llg_schema rewrites
+LLG_PATTERNED = frozenset({"date", "date-time"})
 
 
 def grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +49,19 @@ def grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
         if isinstance(fmt, str) and fmt in FORMAT_PATTERNS and "string" in _types(node):
             del node["format"]
             node["pattern"] = FORMAT_PATTERNS[fmt]
+    return out
+
+
+def llg_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a schema checked for llguidance with `date` and `date-time` replaced by their
+    patterns, anchored (llguidance matches a pattern anywhere, as JSON Schema means it). Where a
+    pattern stands beside the format the checker refuses the format: one node holds one pattern."""
+    out = copy.deepcopy(normalized(schema))
+    for node, _ in reachable(out):
+        fmt = node.get("format")
+        if isinstance(fmt, str) and fmt in LLG_PATTERNED and "pattern" not in node:
+            del node["format"]
+            node["pattern"] = f"^{FORMAT_PATTERNS[fmt]}$"
     return out
 
 

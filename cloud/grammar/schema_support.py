@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema_rs
 
 from shared.errors import InvalidRequestError
 
 from .dialects import KNOWN
-from .formats import FORMAT_PATTERNS
+from .formats import FORMAT_PATTERNS, LLG_PATTERNED
+from .llg_engine import llg_grammar_text, llg_refusal
 from .schema_paths import Path, RefError, follow, format_path, reachable
 from .shapes import normalized
 
@@ -56,6 +57,16 @@ SUPPORTED_FORMATS = frozenset(
     | {"relative-json-pointer"}
     | FORMAT_PATTERNS.keys()
 )
+# llguidance (llg_engine.py), for schemas the rules below refuse for xgrammar: measured by the probes
+# in tests/cloud/grammar/test_llg_support.py through its matcher. It applies keywords in any company
+# (beside an enum, a $ref or a composition, a pattern beside lengths or a format, no "type") and
+# refuses by itself what it cannot enforce (an unimplemented keyword, a oneOf it cannot show
+# exclusive, min/maxProperties beside optional properties), so here only what it would read
+# differently from the schema is refused: the keywords below, formats not probed, patterns.
+# (llguidance's "date" and "date-time" take 2023-02-29: it gets our patterns for them, formats.py)
+LLG_ENFORCED = frozenset({"patternProperties"})
+LLG_FORMATS = frozenset({"time", "email", "uuid", "uri", "ipv4"})
+Engine = Literal["xgrammar", "llguidance"]
 # Drafts read by rewriting them into 2020-12 (dialects.py). Checked before jsonschema_rs reads the
 # schema: it would fetch an unknown $schema URL.
 DIALECTS = KNOWN
@@ -73,10 +84,33 @@ _INT64 = 2**63  # xgrammar holds integers as int64: a larger const or enum value
 _GROUP = re.compile(r"\(\?(:|P?<(?![=!]))")  # (?:...) and named groups; not (?=, (?!, (?<=, (?<!, (?i)
 
 
-def check_schema(schema: object, param: str) -> None:
-    """Raise InvalidRequestError (400) unless `schema` is a JSON Schema object whose every keyword
-    constrained decoding enforces. `param` names the request field in the error."""
-    checker = _Checker(schema, param)
+def check_schema(
+    schema: object, param: str, engines: tuple[Engine, ...] = ("xgrammar", "llguidance")
+) -> Engine:
+    """The grammar engine that enforces every keyword of `schema`: xgrammar where it can, else
+    llguidance. Raise InvalidRequestError (400) when `schema` is no JSON Schema object or neither
+    engine enforces it, naming the keyword xgrammar cannot enforce. `param` names the request field;
+    `engines` narrows the choice (xgrammar's own verdict: its probes)."""
+    try:
+        _check(schema, _Checker(schema, param))
+        return "xgrammar"
+    except InvalidRequestError as exc:
+        if (
+            exc.code != "unsupported_schema_feature"
+            or not isinstance(schema, dict)
+            or "llguidance" not in engines
+        ):
+            raise
+        refusal = exc
+    _check(schema, _LlgChecker(schema, param))
+    reason = llg_refusal(llg_grammar_text(schema))
+    if reason is not None:
+        message = f"{refusal.message}; nor can llguidance ({reason})"
+        raise InvalidRequestError(message, param=param, code="unsupported_schema_feature")
+    return "llguidance"
+
+
+def _check(schema: object, checker: _Checker) -> None:
     if not isinstance(schema, dict):
         raise checker.invalid((), f"a schema must be a JSON object, not {_json_type(schema)}")
     checker.check_identity(schema, ())
@@ -174,6 +208,10 @@ class _Checker:
         missing = [name for name in node.get("required", []) if name not in node.get("properties", {})]
         if "object" in types and missing:
             raise self.unsupported("required", path, f"{json.dumps(missing[0])} is not under properties")
+        absent = [name for name, sub in (node.get("properties") or {}).items() if sub is False]
+        if "object" in types and absent:  # llguidance reads it: the property may not be there
+            why = f"{json.dumps(absent[0])}: false (must be absent), which xgrammar cannot compile"
+            raise self.unsupported("properties", path, why)
 
     def check_string(self, node: dict[str, Any], path: Path) -> None:
         shaped = next((word for word in ("format", "pattern") if word in node), None)
@@ -218,6 +256,30 @@ class _Checker:
         if any(isinstance(value, dict | list) for value in listed):
             return None
         return {(isinstance(value, bool), value) for value in listed}  # true and 1 differ in JSON
+
+
+class _LlgChecker(_Checker):
+    """The rules for llguidance, which leave the rest to its own refusals (LLG_ENFORCED above)."""
+
+    def check_node(self, node: dict[str, Any], path: Path) -> None:
+        for key, value in node.items():
+            if key in REFUSED_KEYWORDS - LLG_ENFORCED and not (key == "uniqueItems" and value is False):
+                raise self.unsupported(key, path)
+        self.check_identity(node, path)
+        listed: list[Any] = node["enum"] if isinstance(node.get("enum"), list) else []
+        for value in [*listed, *([node["const"]] if "const" in node else [])]:
+            if _has_huge_int(value):
+                raise self.unsupported("enum", path, f"{json.dumps(value)} holds an integer beyond 64 bits")
+        applies = not _types(node) or "string" in _types(node)  # format and pattern act on strings only
+        patterned = node.get("format") in LLG_PATTERNED and "pattern" not in node
+        if applies and "format" in node and node["format"] not in LLG_FORMATS and not patterned:
+            why = "beside pattern, which llguidance needs for it" if node["format"] in LLG_PATTERNED else ""
+            raise self.unsupported(f"format {json.dumps(node['format'])}", path, why)
+        problem = (
+            _pattern_problem(node["pattern"]) if applies and isinstance(node.get("pattern"), str) else None
+        )
+        if problem:
+            raise self.unsupported("pattern", path, problem)
 
 
 def _holds_ref(node: Any) -> bool:

@@ -12,6 +12,9 @@ and the finished output is still checked against the schema as sent):
 - keywords beside an `allOf`, `anyOf` or `oneOf`, which xgrammar drops there: merged into each
   branch (and the branches of an allOf into one schema), where the merge is exact; otherwise the
   node is left for the checker to refuse.
+- `not`, rewritten into positive keywords (negation.py) and merged into the node like an allOf
+  branch; a property it forbids (`properties: {x: false}`) on an object closed to unlisted ones is
+  dropped from `properties`, which says the same in a way xgrammar compiles.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 from typing import Any
 
 from .dialects import to_current
+from .negation import negated, strike_listed
 from .schema_paths import RefError, follow, reachable
 
 _ALL_TYPES = ["object", "array", "string", "number", "boolean", "null"]
@@ -54,6 +58,8 @@ _OTHER_WORDS = frozenset(
 )
 # keywords that read other keywords of their schema: merged side by side, they would read the union
 _CONTEXTUAL = ("unevaluatedProperties", "unevaluatedItems")
+# `not not not ...`: each round takes one level off
+_MOST_NEGATIONS = 8
 
 
 def normalized(schema: dict[str, Any]) -> dict[str, Any]:
@@ -89,9 +95,11 @@ class _Budget:
 
 
 def _rewrite(source: dict[str, Any], node: dict[str, Any], budget: _Budget) -> None:
+    _eliminate_not(source, node, budget)
     _split_dependencies(node)
     if "allOf" in node:
         _merge_all_of(source, node, budget)
+        _eliminate_not(source, node, budget)  # one the merge brought in
     applicator = next((word for word in _APPLICATORS if isinstance(node.get(word), list)), None)
     if applicator is not None:
         _distribute(source, node, applicator, budget)
@@ -101,6 +109,43 @@ def _rewrite(source: dict[str, Any], node: dict[str, Any], budget: _Budget) -> N
     if "type" not in node and any(word in node for word in _OBJECT_WORDS) and not _OTHER_WORDS & set(node):
         node["type"] = list(_ALL_TYPES)
     _list_required(node)
+    _drop_forbidden(node)
+
+
+def _eliminate_not(source: dict[str, Any], node: dict[str, Any], budget: _Budget) -> None:
+    """`not` as positive keywords merged into `node`; where that is not exact, `node` is left as it
+    was, for the checker to refuse naming `not`."""
+    for _ in range(_MOST_NEGATIONS):
+        if "not" not in node:
+            return
+        if "enum" in node or "const" in node:
+            if not strike_listed(node):
+                return
+            continue
+        positive = negated(node["not"])
+        before = copy.deepcopy(node)
+        if positive is None or not isinstance(node.get("allOf", []), list):
+            return
+        del node["not"]
+        node["allOf"] = [*node.get("allOf", []), positive]
+        _merge_all_of(source, node, budget)
+        if len(node.get("allOf", [])) > 1:  # the merge was not exact
+            node.clear()
+            node.update(before)
+            return
+
+
+def _drop_forbidden(node: dict[str, Any]) -> None:
+    """On an object closed to unlisted properties, a property whose schema is `false` is as absent
+    unlisted as listed; unlisted, xgrammar compiles it."""
+    properties = node.get("properties")
+    if node.get("additionalProperties") is not False or not isinstance(properties, dict):
+        return
+    required = node.get("required", [])
+    if any(sub is False and name not in required for name, sub in properties.items()):
+        node["properties"] = {
+            name: sub for name, sub in properties.items() if sub is not False or name in required
+        }
 
 
 def _split_dependencies(node: dict[str, Any]) -> None:
@@ -226,13 +271,22 @@ def _distribute(source: dict[str, Any], node: dict[str, Any], applicator: str, b
     branches = []
     for branch in node[applicator]:
         resolved = _resolved(source, branch, budget)
+        if resolved is not None and _excluded_by_type(beside, resolved):
+            continue  # A and B matches nothing: for anyOf and oneOf alike, the branch is as good as gone
         merged = None if resolved is None else merge(beside, resolved)
         if merged is None:
             return
         branches.append(merged)
+    if not branches:
+        return
     for key in beside:
         del node[key]
     node[applicator] = branches
+
+
+def _excluded_by_type(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    both = _type_set(a["type"]) & _type_set(b["type"]) if "type" in a and "type" in b else True
+    return not both
 
 
 def _own(node: dict[str, Any]) -> dict[str, Any]:
@@ -275,9 +329,10 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
         elif key == "properties" and isinstance(value, dict) and isinstance(out[key], dict):
             properties = dict(out[key])
             for name, sub in value.items():
-                if name in properties and not _same(properties[name], sub):
+                both = _both(properties[name], sub) if name in properties else sub
+                if both is None:
                     return None
-                properties[name] = sub
+                properties[name] = both
             out[key] = properties
         else:
             return None  # two different values of one keyword: an allOf of them is not expressible here

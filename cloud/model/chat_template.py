@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -26,6 +27,18 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+_TEMPLATES = Path(__file__).with_name("templates")
+# For GGUF files without a template whose architecture has one turn format (GGUF
+# `general.architecture` -> our template file). Any other file without one gets ChatML.
+_ARCH_TEMPLATES = {"gemma": "gemma.jinja", "gemma2": "gemma.jinja", "gemma3": "gemma.jinja"}
+
+
+def default_chat_template(arch: str) -> str | None:
+    """Our template for a model of architecture `arch` whose file carries none; None if we know none."""
+    name = _ARCH_TEMPLATES.get(arch)
+    return None if name is None else (_TEMPLATES / name).read_text()
 
 
 # what every render sets: a request may add variables, never replace these

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    arch: str  # "llama" | "qwen2"
+    arch: str  # "llama" | "qwen2" | "gemma3"
     num_layers: int
     hidden_size: int
     intermediate_size: int
@@ -26,6 +26,12 @@ class ModelConfig:
     # llama.cpp's rope_freqs tensor, [head_dim // 2] divisors of the frequencies: how GGUF files carry
     # Llama 3.x's llama3 scaling (the converter bakes it in and writes no rope.scaling.* keys)
     rope_freq_factors: tuple[float, ...] = ()
+    # Gemma 3: each layer's sliding window (None: a global layer attending to everything), the RoPE
+    # base of the windowed layers (rope_theta and rope_scaling are the global layers'), and the
+    # attention's query scale as query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5)
+    layer_windows: tuple[int | None, ...] = ()
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -39,6 +45,15 @@ class ModelConfig:
                 f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim {self.head_dim} "
                 f"(expected {self.head_dim // 2})"
             )
+
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise ValueError(f"sliding windows must be positive, got {self.layer_windows}")
+
+    def attention_window(self, layer: int) -> int | None:
+        """How many most recent positions (the query's own included) the layer sees; None: all."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @property
     def q_size(self) -> int:

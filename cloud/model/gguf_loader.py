@@ -1,12 +1,13 @@
-"""Read a Llama-family GGUF file: hyper-parameters, tokenizer data and dequantized weights.
+"""Read a Llama-family or Gemma 3 GGUF file: hyper-parameters, tokenizer data and dequantized weights.
 
 llama.cpp's converter stores Q and K rows of `llama` models permuted for its interleaved RoPE;
-we undo that permutation so every loader yields Hugging Face (rotate-half) layout.
+we undo that permutation so every loader yields Hugging Face (rotate-half) layout. It stores Gemma's
+RMSNorm weights as 1 + w (Gemma scales by 1 + w), so they serve as plain RMSNorm weights here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,18 @@ from kernels.cpu.gguf_matmul import QTYPES, GGUFWeight
 from shared.errors import ModelLoadError
 
 from .config import ModelConfig
+from .kquants import KQUANTS
+from .kquants import dequantize as dequantize_kquant
 from .weights import LayerWeights, ModelWeights
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
-# Tensor types we dequantize; anything else is refused with its name.
-_SUPPORTED_QTYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+# Tensor types we dequantize (the K-quants, 5-bit types and Q8_0 in torch, kquants.py; these with the
+# gguf package's numpy decoders); anything else is refused with its name.
+_SUPPORTED_QTYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", *KQUANTS}
+# Gemma 3's layout, as llama.cpp's gemma3 graph and transformers' Gemma3TextConfig both have it: every
+# sixth layer (5, 11, 17, ...) is global, the others attend to a sliding window with RoPE base 10000
+_GEMMA3_GLOBAL_EVERY = 6
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
 # the projections whose quantized blocks are kept for the GGUF weight kernels: LayerWeights name -> tensor
 _PROJECTIONS = {
     "wq": "attn_q.weight",
@@ -36,7 +44,7 @@ _PROJECTIONS = {
 
 @dataclass(frozen=True, slots=True)
 class GGUFTokenizerData:
-    model: str  # "gpt2" (byte-level BPE)
+    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE: scores, byte fallback)
     pre: str  # pre-tokenizer name, e.g. "smollm", "qwen2", "llama-bpe"
     tokens: list[str]
     token_types: list[int]  # 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
@@ -45,9 +53,13 @@ class GGUFTokenizerData:
     eos_id: int | None
     add_bos: bool
     chat_template: str | None
+    scores: list[float] = field(default_factory=list)  # SentencePiece piece scores ("llama" only)
+    add_eos: bool = False
+    add_space_prefix: bool = False  # SentencePiece's dummy "▁" before the text
+    arch: str = ""  # general.architecture: picks a chat template for a file that carries none
 
 
-def _open(path: Path) -> Any:
+def open_gguf(path: Path) -> Any:
     import gguf
 
     if not path.is_file():
@@ -116,6 +128,18 @@ def read_config(reader: Any) -> ModelConfig:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens) if tokens else 0))
     names = {t.name for t in reader.tensors}
+    # Gemma's heads are wider than hidden / heads (256 vs 160 for the 270M): the file says so
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    gemma: dict[str, Any] = {}
+    if arch == "gemma3":
+        window = int(need("attention.sliding_window"))
+        layers = int(need("block_count"))
+        gemma = {
+            "layer_windows": tuple(
+                None if (i + 1) % _GEMMA3_GLOBAL_EVERY == 0 else window for i in range(layers)
+            ),
+            "rope_local_theta": _GEMMA3_LOCAL_ROPE_THETA,
+        }
     try:
         return ModelConfig(
             arch=arch,
@@ -124,7 +148,7 @@ def read_config(reader: Any) -> ModelConfig:
             intermediate_size=int(need("feed_forward_length")),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=int(_field(reader, f"{arch}.rope.dimension_count", hidden // heads)),
+            head_dim=int(_field(reader, f"{arch}.rope.dimension_count", head_dim)),
             vocab_size=vocab,
             max_position=int(need("context_length")),
             rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
@@ -133,6 +157,7 @@ def read_config(reader: Any) -> ModelConfig:
             attn_bias="blk.0.attn_q.bias" in names,
             rope_scaling=_read_rope_scaling(reader, arch),
             rope_freq_factors=_read_freq_factors(reader),
+            **gemma,
         )
     except ValueError as exc:
         raise ModelLoadError(f"inconsistent GGUF hyper-parameters: {exc}") from exc
@@ -140,9 +165,10 @@ def read_config(reader: Any) -> ModelConfig:
 
 def read_tokenizer_data(reader: Any) -> GGUFTokenizerData:
     model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise ModelLoadError(
-            f"unsupported GGUF tokenizer model {model!r}; only byte-level BPE ('gpt2') is supported"
+            f"unsupported GGUF tokenizer model {model!r}; only byte-level BPE ('gpt2') and "
+            "SentencePiece BPE ('llama') are supported"
         )
     return GGUFTokenizerData(
         model=model,
@@ -154,12 +180,16 @@ def read_tokenizer_data(reader: Any) -> GGUFTokenizerData:
         eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
         add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
         chat_template=_field(reader, "tokenizer.chat_template"),
+        scores=[float(x) for x in _field(reader, "tokenizer.ggml.scores", [])],
+        add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
+        add_space_prefix=bool(_field(reader, "tokenizer.ggml.add_space_prefix", model == "llama")),
+        arch=str(_field(reader, "general.architecture", "")),
     )
 
 
 def load_gguf_tokenizer(path: str | Path) -> GGUFTokenizerData:
     """Read only the tokenizer metadata of a GGUF file (no tensor is dequantized)."""
-    return read_tokenizer_data(_open(Path(path)))
+    return read_tokenizer_data(open_gguf(Path(path)))
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -175,11 +205,19 @@ def _dequantize(tensor: Any) -> torch.Tensor:
     qname = tensor.tensor_type.name
     if qname not in _SUPPORTED_QTYPES:
         raise ModelLoadError(f"tensor {tensor.name} has unsupported type {qname}")
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists ne0 (the row length) first
+    if qname in KQUANTS:
+        try:
+            raw = torch.frombuffer(
+                bytearray(np.asarray(tensor.data, dtype=np.uint8).tobytes()), dtype=torch.uint8
+            )
+            return dequantize_kquant(raw, qname, int(np.prod(shape))).reshape(shape)
+        except ValueError as exc:
+            raise ModelLoadError(f"tensor {tensor.name} cannot be decoded: {exc}") from exc
     try:
         arr = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except Exception as exc:
         raise ModelLoadError(f"tensor {tensor.name} cannot be decoded: {exc}") from exc
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists ne0 (the row length) first
     if arr.size != int(np.prod(shape)):
         raise ModelLoadError(f"tensor {tensor.name} holds {arr.size} values, its shape says {shape}")
     # copy: F32 tensors come back as read-only views of the memory-mapped file
@@ -201,7 +239,12 @@ def _blocks(tensor: Any, permute_heads: int = 0) -> GGUFWeight | None:
 
 def load_gguf(path: str | Path) -> tuple[ModelWeights, GGUFTokenizerData]:
     """Load weights (dequantized to fp32, HF layout) and tokenizer data from a GGUF file."""
-    reader = _open(Path(path))
+    return read_gguf(open_gguf(Path(path)))
+
+
+def read_gguf(reader: Any) -> tuple[ModelWeights, GGUFTokenizerData]:
+    """load_gguf over an open reader (opening parses every metadata field: seconds for a
+    262K-token vocabulary, so a caller that also reads raw tensors opens once)."""
     config = read_config(reader)
     tok = read_tokenizer_data(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -244,6 +287,10 @@ def load_gguf(path: str | Path) -> tuple[ModelWeights, GGUFTokenizerData]:
                 bq=opt(p + "attn_q.bias"),
                 bk=opt(p + "attn_k.bias"),
                 bv=opt(p + "attn_v.bias"),
+                q_norm=opt(p + "attn_q_norm.weight"),
+                k_norm=opt(p + "attn_k_norm.weight"),
+                post_attn_norm=opt(p + "post_attention_norm.weight"),
+                post_ffn_norm=opt(p + "post_ffw_norm.weight"),
                 blocks=blocks(p, {"wq": config.num_heads, "wk": config.num_kv_heads} if permute else {}),
             )
         )

@@ -1,16 +1,22 @@
-"""One entry point to load a model by path: a .gguf file or a Hugging Face directory (or, with no
-path, the default model, fetched on first use)."""
+"""One entry point to load a model by path: a .gguf file or a Hugging Face directory, or by a
+registered name (registry.py: `gemma-3-270m`, `smollm2-135m-instruct`; with no path, the default
+model), fetched on first use."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from shared.errors import ModelLoadError
 
+from .causal_lm import CausalLM
 from .chat_template import ChatTemplate
-from .registry import DEFAULT_MODEL, fetch
+from .linear import WeightPlan
+from .registry import DEFAULT_MODEL, fetch, known_model
 from .tokenizer import Tokenizer
 from .weights import ModelWeights
 
@@ -24,22 +30,56 @@ class LoadedModel:
     chat_template: ChatTemplate
 
 
-def load_model(path: str | Path | None = None) -> LoadedModel:
+def _resolve(path: str | Path | None) -> tuple[Path, str]:
+    """The model's file or directory and its own name. A registered name is the registry's model
+    unless a file or directory of that name exists (a path the user gave wins)."""
     if path is None:
-        p, name = fetch(), DEFAULT_MODEL.name
-    else:
-        p = Path(path).expanduser()
-        name = p.stem if p.is_file() else p.name
+        return fetch(), DEFAULT_MODEL.name
+    p = Path(path).expanduser()
+    source = known_model(str(path))
+    if source is not None and not p.exists():
+        return fetch(source), source.name
+    return p, p.stem if p.is_file() else p.name
+
+
+def load_model(path: str | Path | None = None) -> LoadedModel:
+    p, name = _resolve(path)
     if p.is_dir():
         return _load_hf_dir(p, name)
     if not p.is_file():
         raise ModelLoadError(f"model not found: {p} (expected a .gguf file or a Hugging Face directory)")
-    from .gguf_loader import load_gguf
+    from .gguf_loader import open_gguf
 
-    weights, data = load_gguf(p)
+    return load_gguf_model(open_gguf(p), p, name)
+
+
+def load_gguf_model(reader: Any, path: Path, name: str) -> LoadedModel:
+    """load_model over an open GGUF reader (a caller that reads the file's raw tensors too opens
+    it once: parsing a 262K-token vocabulary takes seconds)."""
+    from .gguf_loader import read_gguf
+
+    weights, data = read_gguf(reader)
     tokenizer = Tokenizer.from_gguf_data(data)
-    template = ChatTemplate(data.chat_template, *_bos_eos_text(tokenizer))
-    return LoadedModel(name, p, weights, tokenizer, template)
+    template = ChatTemplate(tokenizer.chat_template, *_bos_eos_text(tokenizer))
+    return LoadedModel(name, path, weights, tokenizer, template)
+
+
+def build_model(
+    weights: ModelWeights,
+    *,
+    dtype: torch.dtype = torch.float32,
+    plan: WeightPlan | None = None,
+    max_positions: int | None = None,
+    device: torch.device | str = "cpu",
+) -> CausalLM:
+    """The forward for the weights' architecture: Gemma 3's, or the Llama family's."""
+    if weights.config.arch == "gemma3":
+        from .gemma3 import Gemma3Model
+
+        return Gemma3Model(weights, dtype=dtype, plan=plan, max_positions=max_positions, device=device)
+    from .llama import LlamaModel
+
+    return LlamaModel(weights, dtype=dtype, plan=plan, max_positions=max_positions, device=device)
 
 
 def _bos_eos_text(tok: Tokenizer) -> tuple[str, str]:
@@ -51,7 +91,7 @@ def _bos_eos_text(tok: Tokenizer) -> tuple[str, str]:
 def load_text_side(path: str | Path | None = None) -> tuple[Tokenizer, ChatTemplate]:
     """The model's tokenizer and chat template alone, no weights: what a gateway needs to name the
     prompt blocks a request will use (fleet routing)."""
-    p = fetch() if path is None else Path(path).expanduser()
+    p, _ = _resolve(path)
     if p.is_dir():
         return _hf_text_side(p)
     if not p.is_file():

@@ -1,8 +1,9 @@
-"""Byte-level BPE tokenizer built from a GGUF file's vocabulary, on the Rust `tokenizers` library.
+"""The tokenizer built from a GGUF file's vocabulary, on the Rust `tokenizers` library.
 
-A GGUF stores no `tokenizer.json`: only tokens, merges, token types and a pre-tokenizer *name*.
-We rebuild the pipeline llama.cpp runs for that name, so the ids we feed the model are the ids it was
-trained on. Invariants:
+A GGUF stores no `tokenizer.json`: only tokens, merges (or scores), token types and a pre-tokenizer
+*name*. For byte-level BPE (model "gpt2") we rebuild the pipeline llama.cpp runs for that name; for
+SentencePiece BPE (model "llama") see spm_tokenizer.py. Either way the ids we feed the model are the
+ids it was trained on. Invariants:
   - id i is `tokens[i]` for every i: the vocabulary never grows, whatever tokens are added;
   - control tokens (type 3) are special: parsed whole from text, dropped by `decode(skip_special=True)`;
   - user-defined tokens (type 4) are parsed whole from text but are ordinary text on decode.
@@ -18,6 +19,9 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
 from shared.errors import ModelLoadError
+
+from .chat_template import default_chat_template
+from .spm_tokenizer import spm_backend_from_gguf, spm_max_token_bytes
 
 if TYPE_CHECKING:  # the loader pulls in torch; tokenizing text should not
     from .gguf_loader import GGUFTokenizerData
@@ -118,12 +122,16 @@ def _backend_from_gguf(data: GGUFTokenizerData) -> _RustTokenizer:
     return backend
 
 
-def _max_token_bytes(backend: _RustTokenizer, byte_level: bool) -> int | None:
+def _max_token_bytes(backend: _RustTokenizer, byte_level: bool, byte_fallback: bool) -> int | None:
     """The most bytes of text one token stands for, where every byte of a text ends up in exactly one
-    token (byte-level BPE, no normalizer): then a text of n bytes is at least n / this many tokens,
-    which refuses a prompt too long for the context before it is tokenized. None where that bound
-    does not hold (a normalizer may drop characters)."""
-    if not byte_level or backend.normalizer is not None:
+    token (byte-level BPE or SentencePiece with byte fallback, no normalizer): then a text of n bytes
+    is at least n / this many tokens, which refuses a prompt too long for the context before it is
+    tokenized. None where that bound does not hold (a normalizer may drop characters)."""
+    if backend.normalizer is not None:
+        return None
+    if byte_fallback:
+        return spm_max_token_bytes(backend)
+    if not byte_level:
         return None
     # byte-level vocabulary strings map one character to one byte; added tokens match their text
     longest = max((len(piece) for piece in backend.get_vocab(with_added_tokens=False)), default=1)
@@ -141,35 +149,49 @@ class Tokenizer:
         bos_id: int | None,
         eos_id: int | None,
         add_bos: bool = False,
+        add_eos: bool = False,
         chat_template: str | None = None,
     ) -> None:
         self._backend = backend
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = add_bos
+        self.add_eos = add_eos
         self.chat_template = chat_template
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         # GPT-2 style byte-level vocabulary ("Ġthe"), as grammar engines need to know
         self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        # SentencePiece style ("▁the", bytes as "<0xE2>"): xgrammar's BYTE_FALLBACK vocabulary
+        model = backend.model
+        self.byte_fallback = isinstance(model, models.BPE) and bool(model.byte_fallback)
         ends = {backend.token_to_id(name) for name in _END_OF_TURN_NAMES} | {eos_id}
         self.eos_ids: frozenset[int] = frozenset(i for i in ends if i is not None)
         added = backend.get_added_tokens_decoder()
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
-        self.max_token_bytes = _max_token_bytes(backend, self.byte_level)
+        self.max_token_bytes = _max_token_bytes(backend, self.byte_level, self.byte_fallback)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as the backend's JSON: an engine process hands its tokenizer to the gateway
-        state = (self._backend.to_str(), self.bos_id, self.eos_id, self.add_bos, self.chat_template)
+        state = (
+            self._backend.to_str(),
+            self.bos_id,
+            self.eos_id,
+            self.add_bos,
+            self.add_eos,
+            self.chat_template,
+        )
         return (_unpickle_tokenizer, state)
 
     @classmethod
     def from_gguf_data(cls, data: GGUFTokenizerData) -> Tokenizer:
+        backend = spm_backend_from_gguf(data) if data.model == "llama" else _backend_from_gguf(data)
         return cls(
-            _backend_from_gguf(data),
+            backend,
             bos_id=data.bos_id,
             eos_id=data.eos_id,
             add_bos=data.add_bos,
-            chat_template=data.chat_template,
+            add_eos=data.add_eos,
+            chat_template=data.chat_template or default_chat_template(data.arch),
         )
 
     @classmethod
@@ -198,11 +220,14 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = False) -> list[int]:
         """Token ids of `text`; special tokens written in it (e.g. `<|im_start|>`) become their ids.
 
-        `add_special` prepends BOS when the model asks for one (GGUF `add_bos_token`).
+        `add_special` prepends BOS and appends EOS where the model asks (GGUF `add_bos_token`,
+        `add_eos_token`).
         """
         ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_id is not None:
             ids.insert(0, self.bos_id)
+        if add_special and self.add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
         return ids
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -215,7 +240,8 @@ class Tokenizer:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special)
 
     def id_to_token(self, i: int) -> str | None:
-        """The vocabulary spelling of id `i` (byte-level, e.g. "Ġthe"), or None outside the vocabulary."""
+        """The vocabulary spelling of id `i` (byte-level "Ġthe", SentencePiece "▁the" or "<0xE2>"), or
+        None outside the vocabulary."""
         return self._backend.id_to_token(i)
 
     def token_to_id(self, token: str) -> int | None:
@@ -223,12 +249,18 @@ class Tokenizer:
 
 
 def _unpickle_tokenizer(
-    backend_json: str, bos_id: int | None, eos_id: int | None, add_bos: bool, chat_template: str | None
+    backend_json: str,
+    bos_id: int | None,
+    eos_id: int | None,
+    add_bos: bool,
+    add_eos: bool,
+    chat_template: str | None,
 ) -> Tokenizer:
     return Tokenizer(
         _RustTokenizer.from_str(backend_json),
         bos_id=bos_id,
         eos_id=eos_id,
         add_bos=add_bos,
+        add_eos=add_eos,
         chat_template=chat_template,
     )

@@ -30,6 +30,12 @@ class LayerWeights:
     bq: torch.Tensor | None = None
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
+    # Gemma 3's extra RMSNorms: per-head over Q and K ([head_dim]), and after attention and after the
+    # MLP, before each joins the residual ([hidden]); None for the Llama family
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
     # the file's own quantized blocks of the projections ("wq", "wk", ... as above, same row order),
     # for kernels that read them (--weight-quant gguf); empty for unquantized files
     blocks: dict[str, GGUFWeight] = field(default_factory=dict)
@@ -62,6 +68,14 @@ class ModelWeights:
                 f"layer {i} w_up": (lw.w_up, (c.intermediate_size, c.hidden_size)),
                 f"layer {i} w_down": (lw.w_down, (c.hidden_size, c.intermediate_size)),
             }
+            for name, t, n in (
+                ("q_norm", lw.q_norm, c.head_dim),
+                ("k_norm", lw.k_norm, c.head_dim),
+                ("post_attn_norm", lw.post_attn_norm, c.hidden_size),
+                ("post_ffn_norm", lw.post_ffn_norm, c.hidden_size),
+            ):
+                if t is not None:
+                    expect[f"layer {i} {name}"] = (t, (n,))
         if len(self.layers) != c.num_layers:
             raise ModelLoadError(f"model has {len(self.layers)} layers, its config says {c.num_layers}")
         for name, (t, shape) in expect.items():

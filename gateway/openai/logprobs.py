@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from cloud.engine.sampler import SampleResult
+from cloud.model.spm_tokenizer import byte_piece_value
 from cloud.model.tokenizer import Tokenizer
 from shared.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 
@@ -50,9 +51,17 @@ class TokenTexts:
         tok = self._tokenizer
         spelling = tok.id_to_token(token_id) or ""
         decoder = _byte_decoder()
-        if token_id not in tok.special_ids and spelling and all(c in decoder for c in spelling):
+        if (
+            tok.byte_level
+            and token_id not in tok.special_ids
+            and spelling
+            and all(c in decoder for c in spelling)
+        ):
             raw = bytes(decoder[c] for c in spelling)
             return raw.decode("utf-8", errors="replace"), list(raw)
+        byte = byte_piece_value(spelling) if tok.byte_fallback else None
+        if byte is not None:  # SentencePiece's "<0xE2>": one byte of a character
+            return bytes([byte]).decode("utf-8", errors="replace"), [byte]
         text = spelling if token_id in tok.special_ids else tok.decode([token_id], skip_special=False)
         return text, list(text.encode())
 

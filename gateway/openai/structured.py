@@ -56,10 +56,14 @@ def checked_schema(schema: object, param: str) -> None:
         )
 
 
-def schema_structure(schema: dict[str, Any], param: str, confidence: bool) -> Structure:
-    """JSON content that must satisfy `schema`, which came from the request field `param`."""
+def schema_structure(schema: dict[str, Any], param: str, confidence: bool, strict: bool = True) -> Structure:
+    """JSON content that must satisfy `schema`, which came from the request field `param`. `strict`
+    (the default, as vLLM's guided_json and xgrammar read a schema): no property the schema does not
+    list, even where additionalProperties is absent; every instance generated is still valid against
+    the schema, and a small model is not invited to invent keys until max_tokens. Off (a client's
+    explicit `strict: false`): the schema read exactly as JSON Schema says."""
     checked_schema(schema, param)
-    return Structure(GrammarSpec.json_schema(schema, origin=param), schema, None, confidence)
+    return Structure(GrammarSpec.json_schema(schema, strict=strict, origin=param), schema, None, confidence)
 
 
 def response_format_structure(rf: ResponseFormat | None, confidence: bool) -> Structure | None:
@@ -73,7 +77,8 @@ def response_format_structure(rf: ResponseFormat | None, confidence: bool) -> St
                 "response_format type json_schema needs a json_schema object", param="response_format"
             )
         return Structure(GrammarSpec.json_schema(JSON_OBJECT, strict=False), JSON_OBJECT, None, confidence)
-    return schema_structure(rf.json_schema.schema, "response_format.json_schema.schema", confidence)
+    strict = rf.json_schema.strict is not False  # absent: the strict reading, as before 2026-12
+    return schema_structure(rf.json_schema.schema, "response_format.json_schema.schema", confidence, strict)
 
 
 def _parameters(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:

@@ -81,11 +81,24 @@ def test_an_accepted_invalid_instance_is_reported(tok: Tokenizer, tmp_path: Path
     assert [(c.id, c.text) for c in report.invalid_accepted_cases] == [("mislabelled", "2")]
 
 
-def test_valid_rejected_by_the_strict_reading_is_told_apart(tok: Tokenizer, tmp_path: Path) -> None:
-    # an unlisted property is valid JSON Schema, but response_format's strict grammar never writes one
-    rows = [_row("open", {"type": "object", "properties": {"a": INT}}, (True, {"a": 1, "extra": 2}))]
+def test_schemas_are_read_as_json_schema_and_compact_enum_spelling_is_told_apart(
+    tok: Tokenizer, tmp_path: Path
+) -> None:
+    # the labels are JSON Schema validity: an unlisted property is allowed (no strict reading), but
+    # one the schema types is still checked; xgrammar writes an object listed in an enum compactly
+    rows = [
+        _row(
+            "open",
+            {"type": "object", "properties": {"a": INT}},
+            (True, {"a": 1, "extra": 2}),
+            (False, {"a": "s"}),
+        ),
+        _row("listed", {"enum": [{"k": 1}]}, (True, {"k": 1})),
+    ]
     report = run(tok, _write(tmp_path, rows))
-    assert report.valid_rejected == 1 and report.valid_rejected_strict_only == 1
+    assert (report.valid_accepted, report.invalid_rejected) == (1, 1)
+    assert report.valid_rejected == 1 and report.valid_rejected_spelling_only == 1
+    assert [(c.id, c.spelling_only) for c in report.valid_rejected_cases] == [("listed", True)]
 
 
 def test_matcher_is_fed_the_tokenizers_tokens(tok: Tokenizer) -> None:
@@ -116,7 +129,7 @@ def test_instances_follow_the_order_of_the_branch_they_match() -> None:
 @pytest.mark.parametrize(
     ("schema", "reason"),
     [
-        ({"type": "string", "pattern": "^a+$", "minLength": 2}, "minLength (beside pattern)"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "string", "format": "hostname"}, 'format "hostname"'),
         ({"$ref": "#/nowhere"}, 'invalid_schema: $ref "#/nowhere" points at nothing'),
     ],

@@ -326,6 +326,10 @@ UNSUPPORTED: list[tuple[str, dict[str, Any], str, str]] = [
     ),
 ]
 
+# xgrammar refuses these, llguidance enforces them (cloud/grammar/llg_engine.py): served all the same
+LLGUIDANCE_ONLY = frozenset({"max_length_beside_pattern", "minimum_without_type", "pattern_properties"})
+REFUSED = [u for u in UNSUPPORTED if u[0] not in LLGUIDANCE_ONLY]  # by both engines
+
 MALFORMED: list[tuple[str, object]] = [
     ("bad_type_name", {"type": "object", "properties": {"a": {"type": "strng"}}}),
     ("minimum_not_a_number", {"type": "object", "properties": {"age": {"type": "integer", "minimum": "x"}}}),

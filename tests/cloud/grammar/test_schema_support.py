@@ -81,8 +81,9 @@ def enforced(schema: dict[str, Any], accepted: list[Any], rejected: list[Any]) -
 
 
 def refusal(schema: object) -> InvalidRequestError:
+    """xgrammar's verdict: what it refuses here may still go to llguidance (test_llg_support.py)."""
     with pytest.raises(InvalidRequestError) as caught:
-        check_schema(schema, PARAM)
+        check_schema(schema, PARAM, engines=("xgrammar",))
     assert caught.value.param == PARAM
     return caught.value
 
@@ -279,11 +280,11 @@ FORMATS = {
         ["2023-02-29", "1900-02-29", "2024-02-30", "2023-04-31", "2023-13-01", "2023-00-10", "2024-1-01"],
     ),
     "time": (
-        ["23:59:59Z", "00:00:00+01:00", "12:00:00.125Z", "08:30:00-05:30"],
+        ["23:59:59Z", "00:00:00+01:00", "12:00:00.125Z", "08:30:00-05:30", "23:59:59z"],
         ["24:00:00Z", "12:60:00Z", "12:00:00", "12:00:00+24:00", "22:59:60Z"],
     ),
     "date-time": (
-        ["2024-02-29T12:00:00Z", "2023-01-31T23:59:59.5+02:00"],
+        ["2024-02-29T12:00:00Z", "2023-01-31T23:59:59.5+02:00", "2024-02-29t12:00:00z"],
         ["2023-02-29T12:00:00Z", "2023-01-31 23:59:59Z", "2023-01-31T23:59:59"],
     ),
     "ipv4": (
@@ -586,7 +587,7 @@ def test_refused_keyword_reached_only_through_a_ref_is_found() -> None:
 
 
 def test_refused_keyword_in_an_unused_def_is_refused() -> None:
-    schema = {"$defs": {"unused": {"not": STR}}, "type": "integer"}
+    schema = {"$defs": {"unused": {"not": {"multipleOf": 2}}}, "type": "integer"}
     assert refusal(schema).message.startswith("not at $.$defs.unused ")
 
 
@@ -708,7 +709,7 @@ def _calendar() -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(FORMAT_PATTERNS))
 def test_format_patterns_never_accept_what_the_format_rejects(name: str) -> None:
-    # the rewrite may be narrower than the format (no leap seconds, upper-case T and Z only), never looser
+    # the rewrite may be narrower than the format (no leap seconds), never looser
     samples = _calendar() if name in ("date", "date-time") else [*FORMATS[name][0], *FORMATS[name][1]]
     if name == "date-time":
         samples = [f"{d}T10:20:30Z" for d in samples]

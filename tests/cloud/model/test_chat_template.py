@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cloud.model.chat_template import CHATML_TEMPLATE, ChatTemplate
+from cloud.model.chat_template import CHATML_TEMPLATE, ChatTemplate, default_chat_template
 from cloud.model.gguf_loader import GGUFTokenizerData, load_gguf_tokenizer
 from shared.errors import InvalidRequestError, ModelLoadError
 
@@ -116,3 +116,46 @@ def test_helpers_and_loop_controls_are_available() -> None:
 def test_template_that_does_not_compile_is_a_model_load_error() -> None:
     with pytest.raises(ModelLoadError):
         ChatTemplate("{% for m in messages %}")
+
+
+# -- Gemma's turn format, our template for Gemma GGUF files that carry none ------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma_template() -> ChatTemplate:
+    source = default_chat_template("gemma3")
+    assert source is not None
+    return ChatTemplate(source, "<bos>", "<eos>")
+
+
+def test_gemma_template_folds_the_system_message_into_the_first_user_turn(
+    gemma_template: ChatTemplate,
+) -> None:
+    messages = [{"role": "system", "content": "You are terse."}, *TWO_TURNS]
+    assert gemma_template.render(messages) == (
+        "<bos><start_of_turn>user\nYou are terse.\n\nWhat is the capital of France?<end_of_turn>\n"
+        "<start_of_turn>model\nParis.<end_of_turn>\n"
+        "<start_of_turn>user\nAnd of Japan? Answer <b>briefly</b> & in 日本語 😀.<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    # turn text is trimmed; without a generation prompt the text ends after the last turn
+    trimmed = gemma_template.render([{"role": "user", "content": "  hi \n"}], add_generation_prompt=False)
+    assert trimmed == "<bos><start_of_turn>user\nhi<end_of_turn>\n"
+    # a system message alone is not dropped: it is what the user says
+    alone = gemma_template.render([{"role": "system", "content": "Be brief."}])
+    assert alone == "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n"
+
+
+@pytest.mark.parametrize(
+    "roles", [["assistant", "user"], ["user", "user"], ["system", "user", "system"]], ids="-".join
+)
+def test_gemma_template_refuses_turns_out_of_order(gemma_template: ChatTemplate, roles: list[str]) -> None:
+    with pytest.raises(InvalidRequestError, match="alternate user and assistant") as info:
+        gemma_template.render([{"role": r, "content": "x"} for r in roles])
+    assert info.value.param == "messages"
+
+
+def test_default_template_is_chosen_by_architecture() -> None:
+    assert default_chat_template("gemma3") == default_chat_template("gemma2") is not None
+    # no template in the file and none known for its architecture: ChatML, as before
+    assert default_chat_template("llama") is None and default_chat_template("") is None
