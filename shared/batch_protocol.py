@@ -16,7 +16,7 @@ from msgspec import Struct
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 # the bounds OpenAI documents for `expires_after.seconds` (a file's) and `output_expires_after.seconds`
 EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 30 * 24 * 3600
 

@@ -3,8 +3,9 @@ thread: engine_process.py); callers submit and iterate outputs from asyncio. A s
 stalls the batch (outputs queue up per request), and a consumer that stops iterating (a client that
 went away) aborts its request, which frees its blocks at once.
 
-Commands (add, abort) reach the loop through a thread-safe queue and are applied between steps,
-so the core itself stays single-threaded.
+Commands (add, abort, embed) reach the loop through a thread-safe queue and are applied between steps,
+so the core itself stays single-threaded. Embedding jobs (embedding.py) run beside the steps, one
+chunk per pass, so neither starves the other.
 
 A failure the loop cannot contain (one that escapes its own guard around a step) kills the engine, as
 vLLM's EngineDeadError does: every open stream and every queued submission fails with EngineDeadError,
@@ -25,12 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
-from xgrammar import CompiledGrammar
+import torch
 
+from cloud.grammar.compiled import CompiledGrammar
 from shared.errors import EngineDeadError
 
 from .config import EngineConfig
 from .core import EngineCore, EngineStats
+from .embedding import Embedder, EmbedJob, Pooling, awaited_job
 from .memory import release_free_heap
 from .output import RequestOutput
 from .request import ImageSpan, SamplingParams
@@ -58,6 +61,11 @@ class _Add:
 @dataclass(slots=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(slots=True)
+class _Embed:
+    job: EmbedJob
 
 
 class OutputStream:
@@ -120,7 +128,9 @@ class AsyncEngine:
         after_iteration: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Embed | None] = queue.SimpleQueue()
+        cfg = core.config
+        self.embedder = Embedder(core.model, cfg.max_num_batched_tokens, cfg.max_waiting)
         self._sinks: dict[str, Sink] = {}
         self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ctxfuse-grammar")
         self._after_iteration = after_iteration
@@ -132,7 +142,7 @@ class AsyncEngine:
         self._streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()
         self._lock = threading.Lock()
         # commands taken off the queue and not yet applied: refused by _die if the loop dies first
-        self._taken: deque[_Add | _Abort | None] = deque()
+        self._taken: deque[_Add | _Abort | _Embed | None] = deque()
         if thread:
             self._thread.start()
 
@@ -199,6 +209,27 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
+
+    def enqueue_embed(self, job: EmbedJob) -> None:
+        """Queue an embedding job; its `done` hears the vectors or the failure on the engine thread
+        (on this thread at once when the engine is dead). Its inputs must already be checked."""
+        with self._lock:
+            dead = self._dead
+            if dead is None:
+                self._commands.put(_Embed(job))
+        if dead is not None:
+            job.done(EngineDeadError(dead))
+
+    async def embed(self, inputs: list[list[int]], pooling: Pooling, request_id: str) -> torch.Tensor:
+        """The inputs' L2-normalized embeddings [inputs, hidden] (fp32, on the CPU); leaving early
+        (cancellation) drops the job."""
+        job, result = awaited_job(request_id, inputs, pooling)
+        self.enqueue_embed(job)
+        try:
+            return await result
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
 
     async def open(
         self,
@@ -291,8 +322,13 @@ class AsyncEngine:
 
     # -- engine thread ------------------------------------------------------------------------
 
-    def _apply(self, cmd: _Add | _Abort) -> None:
-        if isinstance(cmd, _Add):
+    def _apply(self, cmd: _Add | _Abort | _Embed) -> None:
+        if isinstance(cmd, _Embed):
+            try:
+                self.embedder.add(cmd.job)
+            except Exception as exc:  # refused (a full queue): its caller hears why
+                cmd.job.done(exc)
+        elif isinstance(cmd, _Add):
             try:
                 self.core.add_request(
                     cmd.request_id,
@@ -307,7 +343,7 @@ class AsyncEngine:
                 return
             self._sinks[cmd.request_id] = cmd.sink
             cmd.accepted(None)
-        else:
+        elif not self.embedder.abort(cmd.request_id):
             self._deliver(self.core.abort(cmd.request_id))
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -325,7 +361,7 @@ class AsyncEngine:
             if not self.core.is_live(rid):
                 self._sinks.pop(rid, None)
 
-    def _drain(self, block: bool) -> list[_Add | _Abort | None]:
+    def _drain(self, block: bool) -> list[_Add | _Abort | _Embed | None]:
         cmds = [self._commands.get()] if block else []
         while True:
             try:
@@ -357,6 +393,9 @@ class AsyncEngine:
         for cmd in pending:  # queued submissions: their submitters wait for this answer
             if isinstance(cmd, _Add):
                 cmd.accepted(EngineDeadError(reason))
+            elif isinstance(cmd, _Embed):
+                cmd.job.done(EngineDeadError(reason))
+        self.embedder.fail_all(EngineDeadError(reason))
         for stream in streams:
             with contextlib.suppress(RuntimeError):  # that event loop has closed: nobody waits there
                 stream.loop.call_soon_threadsafe(stream.fail, reason)
@@ -366,7 +405,7 @@ class AsyncEngine:
         """Apply commands, step while there is work, sleep when idle; until shutdown."""
         worked = False
         while True:
-            idle = not self.core.has_work()
+            idle = not self.core.has_work() and not self.embedder.has_work()
             if idle and worked:  # give back what the steps' activations left on the heap
                 release_free_heap()
             worked = not idle
@@ -383,5 +422,7 @@ class AsyncEngine:
                     log.exception("engine_step_failed")
                     outputs = self.core.fail_all(exc)
                 self._deliver(outputs)
+            if self.embedder.has_work():
+                self.embedder.run_chunk()  # fails only its own jobs when it fails
             if self._after_iteration is not None:
                 self._after_iteration()

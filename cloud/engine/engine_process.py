@@ -2,14 +2,14 @@
 and the engine's step loop no longer share one GIL (on a small CPU, a streamed token's HTTP work held
 the engine's Python for up to the interpreter's 5 ms switch interval at a time).
 
-The two sides talk over one pipe. The gateway sends commands (add, abort, shutdown); the engine
-sends, after each pass of its loop, one `Batch`: which submissions it took or refused, the outputs of
-the step, and its stats. Hot messages are msgpack (msgspec); the start-up greeting, sent once, is
-pickled. In the engine process the core steps on the main thread; a reader thread turns commands
-into AsyncEngine submissions (compiling a request's grammar first on a small pool, so a slow schema
-holds up neither the steps nor other commands). When the gateway goes away the pipe closes and the
-engine process ends; when the engine process dies the gateway fails every open request with an error
-and its health check turns red (gateway/backends/process.py).
+The two sides talk over one pipe. The gateway sends commands (add, abort, embed, shutdown); the
+engine sends, after each pass of its loop, one `Batch`: which submissions it took or refused, the
+outputs of the step, the embeddings finished, and its stats. Hot messages are msgpack (msgspec); the
+start-up greeting, sent once, is pickled. In the engine process the core steps on the main thread; a
+reader thread turns commands into AsyncEngine submissions (compiling a request's grammar first on a
+small pool, so a slow schema holds up neither the steps nor other commands). When the gateway goes
+away the pipe closes and the engine process ends; when the engine process dies the gateway fails
+every open request with an error and its health check turns red (gateway/backends/process.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import msgspec
-from xgrammar import CompiledGrammar
+import numpy as np
+import torch
 
+from cloud.grammar.compiled import CompiledGrammar
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import (
@@ -40,6 +42,7 @@ from .admission import Admission
 from .async_engine import AsyncEngine
 from .config import EngineConfig
 from .core import EngineCore, EngineStats
+from .embedding import EmbedJob, Pooling
 from .output import RequestOutput
 from .request import ImageSpan, SamplingParams
 
@@ -56,11 +59,17 @@ class AbortMsg(msgspec.Struct, tag="abort", array_like=True):
     request_id: str
 
 
+class EmbedMsg(msgspec.Struct, tag="embed", array_like=True):
+    request_id: str
+    inputs: list[list[int]]  # checked by the gateway
+    pooling: Pooling
+
+
 class ShutdownMsg(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
-Command = AddMsg | AbortMsg | ShutdownMsg
+Command = AddMsg | AbortMsg | EmbedMsg | ShutdownMsg
 
 _ERRORS: dict[str, type[CtxfuseError]] = {
     c.__name__: c
@@ -102,12 +111,35 @@ class Refusal(msgspec.Struct, array_like=True):
         return err
 
 
+class Embedded(msgspec.Struct, array_like=True):
+    """An embedding job's answer: its vectors ([rows, hidden] float32, native byte order; both ends
+    run on one machine) or why it failed."""
+
+    request_id: str
+    vectors: bytes = b""
+    rows: int = 0
+    refusal: Refusal | None = None
+
+    @classmethod
+    def of(cls, request_id: str, out: torch.Tensor | BaseException) -> Embedded:
+        if isinstance(out, BaseException):
+            return cls(request_id, refusal=Refusal.of(out))
+        return cls(request_id, out.float().contiguous().numpy().tobytes(), out.shape[0])
+
+    def result(self) -> torch.Tensor | CtxfuseError:
+        if self.refusal is not None:
+            return self.refusal.error()
+        flat = np.frombuffer(self.vectors, dtype=np.float32).copy()
+        return torch.from_numpy(flat).view(self.rows, -1)
+
+
 class Batch(msgspec.Struct, array_like=True):
     """What one pass of the engine loop produced."""
 
     accepted: list[tuple[str, Refusal | None]]
     outputs: list[RequestOutput]
     stats: EngineStats
+    embedded: list[Embedded] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +150,7 @@ class Hello:
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     admission: Admission
+    hidden_size: int  # the width of an embedding
     describe: tuple[str, ...]  # the lines `serve` prints at start-up
     stats: EngineStats
 
@@ -139,7 +172,16 @@ def engine_main(config: EngineConfig, conn: Connection) -> None:
         conn.send(StartupFailed(Refusal.of(exc) if isinstance(exc, CtxfuseError) else _load_error(exc)))
         return
     lines = (core.describe_device(), core.kv_plan.describe())
-    conn.send(Hello(core.model_name, core.tokenizer, core.chat_template, core.admission, lines, core.stats()))
+    hello = Hello(
+        core.model_name,
+        core.tokenizer,
+        core.chat_template,
+        core.admission,
+        core.model_config.hidden_size,
+        lines,
+        core.stats(),
+    )
+    conn.send(hello)
     EngineServer(core, conn).run()
 
 
@@ -156,6 +198,7 @@ class EngineServer:
         self.engine = AsyncEngine(core, thread=False, after_iteration=self._flush)
         self._outputs: list[RequestOutput] = []
         self._accepted: list[tuple[str, Refusal | None]] = []
+        self._embedded: list[Embedded] = []
         self._send_lock = threading.Lock()
         self._encode = msgspec.msgpack.Encoder().encode
         self._decoder = msgspec.msgpack.Decoder(Command)
@@ -175,6 +218,8 @@ class EngineServer:
                     self._add(msg)
                 elif isinstance(msg, AbortMsg):
                     self.engine.abort(msg.request_id)
+                elif isinstance(msg, EmbedMsg):
+                    self._embed(msg)
                 else:
                     break
         except (EOFError, OSError):  # the gateway went away: stop too
@@ -188,6 +233,14 @@ class EngineServer:
             self._enqueue(msg, grammar)
         else:  # compiled on the engine's grammar threads, never on this reader
             self.engine.off_loop(self._compile_then_enqueue, msg)
+
+    def _embed(self, msg: EmbedMsg) -> None:
+        rid = msg.request_id
+
+        def done(out: torch.Tensor | BaseException) -> None:
+            self._embedded.append(Embedded.of(rid, out))
+
+        self.engine.enqueue_embed(EmbedJob(rid, msg.inputs, msg.pooling, done))
 
     def _compile_then_enqueue(self, msg: AddMsg) -> None:
         try:
@@ -216,10 +269,10 @@ class EngineServer:
         self._outputs.append(out)
 
     def _flush(self) -> None:
-        if not self._outputs and not self._accepted:
+        if not self._outputs and not self._accepted and not self._embedded:
             return
-        batch = Batch(self._accepted, self._outputs, self.core.stats())
-        self._accepted, self._outputs = [], []
+        batch = Batch(self._accepted, self._outputs, self.core.stats(), self._embedded)
+        self._accepted, self._outputs, self._embedded = [], [], []
         self._send(batch)
 
     def _send(self, batch: Batch) -> None:

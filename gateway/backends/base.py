@@ -20,6 +20,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
 from cloud.engine.core import EngineStats
+from shared.embeddings_protocol import EmbeddingRequest
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ class Upstream(Protocol):
         self, request: AnyRequest, gw: Gateway, req: CompletionRequest, raw: bytes, arrival: float
     ) -> Answered:
         """A legacy completion for the decoded `req` (`raw`: its body as the client sent it)."""
+
+    async def embeddings(
+        self, request: AnyRequest, gw: Gateway, req: EmbeddingRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        """Embeddings for the decoded `req` (`raw`: its body as the client sent it)."""
 
     async def models(self, request: AnyRequest, gw: Gateway) -> Response[bytes]: ...
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import torch
+
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore, EngineStats
+from cloud.engine.embedding import Pooling
 from cloud.engine.output import RequestOutput
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
@@ -31,6 +34,7 @@ class Generation(Protocol):
 class Backend(Protocol):
     model_name: str
     max_model_len: int
+    hidden_size: int  # the width of an embedding
     tokenizer: Tokenizer
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
@@ -67,6 +71,10 @@ class Backend(Protocol):
         """Queue the request; a lower `priority` runs first (batch work sends a positive one);
         `image_spans` from encode_chat."""
 
+    async def embed(self, inputs: list[list[int]], pooling: Pooling, request_id: str) -> torch.Tensor:
+        """The inputs' L2-normalized embeddings [inputs, hidden_size] fp32 on the CPU; the inputs must
+        be checked (gateway/openai/embeddings.py). Cancelling drops the work."""
+
     def stats(self) -> EngineStats: ...
 
     def is_alive(self) -> bool: ...
@@ -82,6 +90,7 @@ class InProcessBackend:
         core = engine.core
         self.model_name = core.model_name
         self.max_model_len = core.max_model_len
+        self.hidden_size = core.model_config.hidden_size
         self.tokenizer = core.tokenizer
 
     @classmethod
@@ -123,6 +132,9 @@ class InProcessBackend:
         return await self.engine.open(
             prompt_token_ids, params, request_id=request_id, priority=priority, image_spans=image_spans
         )
+
+    async def embed(self, inputs: list[list[int]], pooling: Pooling, request_id: str) -> torch.Tensor:
+        return await self.engine.embed(inputs, pooling, request_id)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

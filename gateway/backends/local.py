@@ -18,8 +18,8 @@ from litestar.background_tasks import BackgroundTask
 from litestar.handlers import HTTPRouteHandler
 
 from cloud.engine.core import EngineStats
-from gateway.access.auth import Principal, principal_of, reserve_settled
-from gateway.backends.base import CHAT_PATH, Answered, AnyRequest
+from gateway.access.auth import Principal, principal_of, reserve_settled, reserve_tokens
+from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest
 from gateway.backends.engine import Backend, Generation
 from gateway.backends.worker import ROUTES as WORKER_ROUTES
 from gateway.backends.worker import WorkerEngine
@@ -28,7 +28,7 @@ from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
-from gateway.openai import chat, chat_stream, completions
+from gateway.openai import chat, chat_stream, completions, embeddings
 from gateway.openai.decode import decode_body
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.images import Images
@@ -37,6 +37,7 @@ from gateway.openai.results import Reply
 from gateway.openai.sse import sse_stream
 from gateway.ops.observe import request_id
 from gateway.state import Gateway
+from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError, QueueFullError
 from shared.protocol import (
     ChatCompletionRequest,
@@ -173,6 +174,22 @@ class EngineUpstream:
                 g.close()
         return _json(body)
 
+    async def embeddings(
+        self, request: AnyRequest, gw: Gateway, req: EmbeddingRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        inputs = await embeddings.prepare(req, self.backend)
+        # the exact count is known: what is reserved is what is used, unless the work never ran
+        ticket = reserve_tokens(request.state, gw.limiter, sum(len(ids) for ids in inputs))
+        try:
+            body = await cancel_on_disconnect(
+                request.receive, embeddings.embed(req, self.backend, inputs, request_id())
+            )
+        except BaseException:
+            if ticket is not None:
+                gw.limiter.settle(ticket, 0)
+            raise
+        return _json(body)
+
     # -- models and tokens ---------------------------------------------------------------------
 
     def _model(self, gw: Gateway) -> Model:
@@ -221,8 +238,12 @@ class EngineUpstream:
             gw.check_taking_work()
             if endpoint == CHAT_PATH:
                 body = await self._batch_chat(gw, raw, rid, priority, owner)
-            else:
+            elif endpoint == COMPLETIONS_PATH:
                 body = await self._batch_completion(gw, raw, rid, priority, owner)
+            elif endpoint == EMBEDDINGS_PATH:
+                body = await self._batch_embeddings(raw, rid)
+            else:
+                raise InvalidRequestError(f"{endpoint} is not served in a batch", param="endpoint")
             return Answer(200, body)
         except (QueueFullError, ServiceUnavailableError):
             raise
@@ -255,6 +276,12 @@ class EngineUpstream:
         gens = await completions.submit_all(backend, plan, rid, priority)
         reply = Reply.new("cmpl", rid, backend, self.texts, self.log_content)
         return encode(await completions.whole_response(gens, plan, reply, meter, backend.tokenizer))
+
+    async def _batch_embeddings(self, raw: bytes, rid: str) -> bytes:
+        req = decode_body(raw, EmbeddingRequest)
+        self.check_model(req.model)
+        inputs = await embeddings.prepare(req, self.backend)
+        return encode(await embeddings.embed(req, self.backend, inputs, rid))
 
 
 def engine_gateway(

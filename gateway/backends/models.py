@@ -19,6 +19,7 @@ from gateway.batch.executor import Answer
 from gateway.encoding import encode
 from gateway.openai.decode import decode_body
 from gateway.state import Gateway
+from shared.embeddings_protocol import EmbeddingRequest
 from shared.errors import CtxfuseError, NotFoundError
 from shared.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 
@@ -118,6 +119,11 @@ class ModelsUpstream:
         self, request: AnyRequest, gw: Gateway, req: CompletionRequest, raw: bytes, arrival: float
     ) -> Answered:
         return await self.of(req.model).completion(request, gw, req, raw, arrival)
+
+    async def embeddings(
+        self, request: AnyRequest, gw: Gateway, req: EmbeddingRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        return await self.of(req.model).embeddings(request, gw, req, raw, arrival)
 
     def _listed(self, gw: Gateway, name: str) -> Model:
         b = self.by_name[name].backend

@@ -19,15 +19,18 @@ from typing import Any
 
 import msgspec
 import structlog
+import torch
 
 from cloud.engine.async_engine import OutputStream
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineStats
+from cloud.engine.embedding import Pooling
 from cloud.engine.engine_process import (
     AbortMsg,
     AddMsg,
     Batch,
     Command,
+    EmbedMsg,
     Hello,
     Refusal,
     ShutdownMsg,
@@ -37,7 +40,7 @@ from cloud.engine.engine_process import (
 from cloud.engine.output import RequestOutput
 from cloud.engine.prompt import render_chat_prompt
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
-from shared.errors import EngineDeadError, InvalidRequestError, ModelLoadError
+from shared.errors import CtxfuseError, EngineDeadError, InvalidRequestError, ModelLoadError
 
 log = structlog.get_logger("ctxfuse.engine")
 
@@ -90,10 +93,13 @@ class ProcessBackend:
         self.model_name = hello.model_name
         self._admission = hello.admission
         self.max_model_len = hello.admission.max_model_len
+        self.hidden_size = hello.hidden_size
         self.describe = hello.describe
         self._stats = hello.stats
         self.tokenizer, self.chat_template = hello.tokenizer, hello.chat_template
         self._streams: dict[str, _Stream] = {}
+        # embedding jobs sent and not yet answered: where their caller waits
+        self._embeds: dict[str, asyncio.Future[torch.Tensor | CtxfuseError]] = {}
         self._lock = threading.Lock()  # the stream table and the pipe's sending end
         self._encode = msgspec.msgpack.Encoder().encode
         self._error: str | None = None  # why the engine process is gone, once it is
@@ -163,6 +169,26 @@ class ProcessBackend:
             raise refusal.error()
         return stream
 
+    async def embed(self, inputs: list[list[int]], pooling: Pooling, request_id: str) -> torch.Tensor:
+        answer: asyncio.Future[torch.Tensor | CtxfuseError] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self._error is not None:
+                raise EngineDeadError(self._error)
+            if request_id in self._embeds or request_id in self._streams:
+                raise InvalidRequestError(f"request id {request_id} is already in use")
+            self._embeds[request_id] = answer
+            self._send_locked(EmbedMsg(request_id, inputs, pooling))
+        try:
+            out = await answer
+        except asyncio.CancelledError:
+            with self._lock:
+                if self._embeds.pop(request_id, None) is not None:
+                    self._send_locked(AbortMsg(request_id))
+            raise
+        if isinstance(out, CtxfuseError):
+            raise out
+        return out
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._send_locked(AbortMsg(request_id))
@@ -221,6 +247,7 @@ class ProcessBackend:
                     calls.setdefault(stream.loop, []).append((stream.on_accepted, refusal))
                     if refusal is not None:
                         del self._streams[rid]
+            self._embedded(batch, calls)
             outs: dict[str, list[RequestOutput]] = {}
             for out in batch.outputs:
                 outs.setdefault(out.request_id, []).append(out)
@@ -237,15 +264,30 @@ class ProcessBackend:
         for loop, items in calls.items():
             _call_soon(loop, _run_all, items)
 
+    def _embedded(self, batch: Batch, calls: dict[asyncio.AbstractEventLoop, list[tuple[Any, ...]]]) -> None:
+        """The batch's finished embeddings, each for the loop its caller waits in (lock held)."""
+        for e in batch.embedded:
+            waiting = self._embeds.pop(e.request_id, None)
+            if waiting is not None:
+                calls.setdefault(waiting.get_loop(), []).append((_answer, waiting, e.result()))
+
     def _fail_all(self, reason: str) -> None:
         if self._error is None and not self._stopping:
             log.error("engine_process_exited", reason=reason)
         with self._lock:
             self._error = reason
             streams, self._streams = list(self._streams.values()), {}
+            embeds, self._embeds = list(self._embeds.values()), {}
+        for waiting in embeds:
+            _call_soon(waiting.get_loop(), _answer, waiting, EngineDeadError(reason))
         for stream in streams:
             refusal = Refusal.of(EngineDeadError(reason))
             _call_soon(stream.loop, _run_all, [(stream.on_accepted, refusal), (stream.fail, reason)])
+
+
+def _answer(waiting: asyncio.Future[torch.Tensor | CtxfuseError], out: torch.Tensor | CtxfuseError) -> None:
+    if not waiting.done():
+        waiting.set_result(out)
 
 
 def _run_all(items: list[tuple[Any, ...]]) -> None:

@@ -18,6 +18,7 @@ from cloud.engine.core import EngineStats
 from cloud.engine.output import RequestOutput
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
+from shared.errors import EngineError
 
 MODEL_NAME = "bench-instant"
 # One engine output per piece: the stream carries one content chunk per piece.
@@ -61,6 +62,7 @@ class InstantGeneration:
 
 class InstantBackend:
     max_model_len = 4096
+    hidden_size = 1
 
     def __init__(self) -> None:
         self.model_name = MODEL_NAME
@@ -94,6 +96,9 @@ class InstantBackend:
         image_spans: tuple[ImageSpan, ...] = (),
     ) -> InstantGeneration:
         return InstantGeneration(request_id)
+
+    async def embed(self, inputs: list[list[int]], pooling: str, request_id: str) -> Any:
+        raise EngineError("the bench's instant backend computes no embeddings")
 
     def stats(self) -> EngineStats:
         return EngineStats(0, 0, 1, 1, 0.0, 1, 0, 0)

@@ -16,6 +16,7 @@ from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered
 from gateway.openai.decode import decode_body
 from gateway.ops.observe import annotate
 from gateway.state import Gateway
+from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 AnyRequest = Request[Any, Any, Any]
@@ -66,6 +67,21 @@ async def create_completion(request: AnyRequest) -> Answered:
     return await answer(request, COMPLETIONS_PATH, await request.body(), arrival)
 
 
+@post(EMBEDDINGS_PATH, status_code=200, summary="Create embeddings (OpenAI)")
+async def create_embeddings(request: AnyRequest) -> Answered:
+    arrival = time.monotonic()
+    gw = gateway_of(request)
+    gw.check_taking_work()
+    raw = await request.body()
+    req = decode_body(raw, EmbeddingRequest)
+    gw.upstream.check_model(req.model)
+    principal_of(request.state).check_model(req.model)
+    annotate(model=req.model)
+    if req.user is not None:
+        annotate(user=req.user)
+    return await gw.upstream.embeddings(request, gw, req, raw, arrival)
+
+
 @get("/v1/models", summary="List models")
 async def list_models(request: AnyRequest) -> Response[bytes]:
     gw = gateway_of(request)
@@ -90,4 +106,12 @@ async def detokenize(request: AnyRequest) -> Answered:
     return await gw.upstream.detokenize(request, gw, await request.body())
 
 
-ROUTES = [chat_completions, create_completion, list_models, retrieve_model, tokenize, detokenize]
+ROUTES = [
+    chat_completions,
+    create_completion,
+    create_embeddings,
+    list_models,
+    retrieve_model,
+    tokenize,
+    detokenize,
+]

@@ -22,6 +22,7 @@ from litestar.openapi.spec import (
 )
 
 from shared.batch_protocol import Batch, BatchCreateRequest, BatchList, FileDeleted, FileList, FileObject
+from shared.embeddings_protocol import EmbeddingList, EmbeddingRequest
 from shared.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -48,6 +49,7 @@ _SSE = "text/event-stream"
 _ROUTES: dict[tuple[str, str], tuple[type | None, type, type | None]] = {
     ("/v1/chat/completions", "post"): (ChatCompletionRequest, ChatCompletion, ChatCompletionChunk),
     ("/v1/completions", "post"): (CompletionRequest, Completion, Completion),
+    ("/v1/embeddings", "post"): (EmbeddingRequest, EmbeddingList, None),
     ("/v1/models", "get"): (None, ModelList, None),
     ("/v1/models/{model_id}", "get"): (None, Model, None),
     ("/tokenize", "post"): (TokenizeRequest, TokenizeResponse, None),

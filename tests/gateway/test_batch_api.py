@@ -52,6 +52,27 @@ def test_chat_batch_completes_with_one_real_completion_per_custom_id(client: ope
     assert client.files.retrieve(done.output_file_id or "").purpose == "batch_output"
 
 
+def test_an_embeddings_batch_completes_with_vectors_per_custom_id(client: openai.OpenAI) -> None:
+    lines = [
+        {
+            "custom_id": f"e-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": MODEL, "input": x},
+        }
+        for i, x in enumerate(["a red apple", ["two", "inputs"]])
+    ]
+    lines.append({**lines[0], "custom_id": "bad", "body": {"model": MODEL, "input": ""}})
+    done = wait(client, start(client, lines, endpoint="/v1/embeddings").id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    out = {x["custom_id"]: x["response"]["body"] for x in lines_of(client, done.output_file_id)}
+    assert [len(out[c]["data"]) for c in ("e-0", "e-1")] == [1, 2]
+    assert all(out[c]["object"] == "list" and len(out[c]["data"][0]["embedding"]) == 576 for c in out)
+    error = lines_of(client, done.error_file_id)[0]
+    assert error["custom_id"] == "bad" and error["response"]["body"]["error"]["param"] == "input"
+
+
 def test_a_batch_request_with_an_image_runs_through_the_image_pipeline(
     client: openai.OpenAI, vision_files: object
 ) -> None:
@@ -136,7 +157,7 @@ def test_refusals_name_the_field(client: openai.OpenAI, gw: Running) -> None:
     assert exc.value.body["param"] == "purpose"  # type: ignore[index]
     file_id = upload(client, [chat_line("a")])
     with pytest.raises(openai.BadRequestError) as exc:
-        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+        client.batches.create(input_file_id=file_id, endpoint="/v1/moderations", completion_window="24h")
     assert exc.value.body["param"] == "endpoint"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id="file-nope", endpoint="/v1/completions", completion_window="24h")

@@ -52,6 +52,18 @@ def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
+def test_embeddings_through_the_engine_process_match_the_in_process_engine(
+    process_server: Running,
+    served,  # type: ignore[no-untyped-def]
+) -> None:
+    ask = {"model": MODEL, "input": ["an engine in a child process", "hi"], "encoding_format": "float"}
+    ours = _client(process_server.url).embeddings.create(**ask)  # type: ignore[arg-type]
+    theirs = served.client().embeddings.create(**ask)
+    assert [d.index for d in ours.data] == [0, 1] and ours.usage == theirs.usage
+    for a, b in zip(ours.data, theirs.data, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding, strict=True)) < 1e-5
+
+
 def test_greedy_answers_match_the_in_process_engine(
     process_server: Running,
     served,

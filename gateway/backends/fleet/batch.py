@@ -21,11 +21,13 @@ from cloud.engine.block_pool import salt_key
 from gateway.access.auth import Principal
 from gateway.backends.base import CHAT_PATH
 from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.proxy import Outgoing, forward
 from gateway.batch.executor import Answer, refuse_stream
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.decode import decode_body
+from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -33,17 +35,11 @@ from shared.protocol import ChatCompletionRequest, CompletionRequest
 async def execute_routed(fleet: Fleet, endpoint: str, raw: bytes, owner: str) -> Answer:
     """One batch request, routed like a live one as its batch's owner (FleetUpstream.execute)."""
     try:
-        req: ChatCompletionRequest | CompletionRequest
-        if endpoint == CHAT_PATH:
-            req = decode_body(raw, ChatCompletionRequest)
+        if endpoint == EMBEDDINGS_PATH:  # no prompt prefix to match: the least loaded backend
+            model = decode_body(raw, EmbeddingRequest).model
+            answer = await forward(fleet, Outgoing(endpoint, raw, RequestKeys([], ""), None, None, model))
         else:
-            req = decode_body(raw, CompletionRequest)
-        refuse_stream(req.stream)
-        keys, _ = await asyncio.to_thread(fleet.request_keys, req, False)
-        salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
-        if salt is not None:
-            keys = replace(keys, extra_key=salt_key(salt))
-        answer = await forward(fleet, Outgoing(endpoint, raw, keys, None, salt, req.model))
+            answer = await forward(fleet, await _outgoing(fleet, endpoint, raw, owner))
     except ServiceUnavailableError:
         raise  # no backend took it: the runner tries again later
     except CtxfuseError as exc:
@@ -54,3 +50,18 @@ async def execute_routed(fleet: Fleet, endpoint: str, raw: bytes, owner: str) ->
         why = "the backend streamed a response asked for whole"
         return Answer(502, encode(CtxfuseError(why).to_openai()))
     return Answer(answer.status_code or 200, answer.content)
+
+
+async def _outgoing(fleet: Fleet, endpoint: str, raw: bytes, owner: str) -> Outgoing:
+    """A chat or completion batch request, keyed by its prompt's prefix like a live one."""
+    req: ChatCompletionRequest | CompletionRequest
+    if endpoint == CHAT_PATH:
+        req = decode_body(raw, ChatCompletionRequest)
+    else:
+        req = decode_body(raw, CompletionRequest)
+    refuse_stream(req.stream)
+    keys, _ = await asyncio.to_thread(fleet.request_keys, req, False)
+    salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
+    if salt is not None:
+        keys = replace(keys, extra_key=salt_key(salt))
+    return Outgoing(endpoint, raw, keys, None, salt, req.model)

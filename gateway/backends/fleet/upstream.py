@@ -6,6 +6,9 @@ engine; this module routes what got through to the backend that holds its prompt
   sent it (proxy.py), in the caller's tenant's prefix-cache partition unless the fleet shares one.
   A key with tokens per minute reserves prompt + max_tokens first and settles to the usage the
   backend reports (usage.py).
+- Embeddings: the least loaded backend serving the named model answers; a key with tokens per
+  minute reserves the body's length (no input has more tokens than bytes in its JSON) up to its
+  minute, settled to the usage the backend reports.
 - `/tokenize`, `/detokenize` and `/v1/models/{id}` are answered by a backend (the least loaded, for
   the first two). The Files and Batch API is the gateway's own; its requests are routed like live
   ones (batch.py).
@@ -39,6 +42,7 @@ from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.state import Gateway
+from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.forwarded_path import forwarded_path
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -121,6 +125,26 @@ class FleetUpstream:
                 settle.nothing_used()
             raise
         return answered if settle is None else settle.on(answered, asked_usage(req))
+
+    async def embeddings(
+        self, request: AnyRequest, gw: Gateway, req: EmbeddingRequest, raw: bytes, arrival: float
+    ) -> Answered:
+        principal = principal_of(request.state)
+        tpm = principal.key.limits.tpm if principal.key is not None else None
+        settle = None
+        if tpm is not None:
+            ticket = reserve_tokens(request.state, gw.limiter, min(len(raw), tpm))
+            settle = None if ticket is None else Settle(gw.limiter, ticket)
+        out = Outgoing(
+            EMBEDDINGS_PATH, raw, RequestKeys([], ""), request.headers.get(VERSION_HEADER), None, req.model
+        )
+        try:
+            answered = await cancel_on_disconnect(request.receive, forward(self.fleet, out))
+        except BaseException:
+            if settle is not None:
+                settle.nothing_used()
+            raise
+        return answered if settle is None else settle.on(answered, False)
 
     # -- models and tokens ---------------------------------------------------------------------
 

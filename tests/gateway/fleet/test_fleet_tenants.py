@@ -139,3 +139,22 @@ def test_the_router_refuses_what_cannot_fit_a_keys_minute(keyed_router: tuple[st
         client.chat.completions.create(model=MODEL, messages=long, max_tokens=1)  # type: ignore[arg-type]
     assert "tokens per minute" in refused.value.message
     assert refused.value.response.headers.get("retry-after") is not None
+
+
+def test_embeddings_pass_the_router_within_the_keys_models_and_tokens(keyed_router: tuple[str, Path]) -> None:
+    url, data = keyed_router
+    store = KeyStore(data / "keys.sqlite")
+    _, key = store.create("erin-fleet", KeyLimits(tpm=1000))
+    _, narrow = store.create("erin-fleet", KeyLimits(models=("another-model",)))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+    first = client.embeddings.create(
+        model=MODEL, input=["through the router", "and back"], encoding_format="float"
+    )
+    assert [len(d.embedding) for d in first.data] == [576, 576]
+    second = client.embeddings.with_raw_response.create(model=MODEL, input="again", encoding_format="float")
+    used = first.usage.total_tokens + second.parse().usage.total_tokens
+    assert second.headers["x-ratelimit-remaining-tokens"] == str(1000 - used)  # settled to real usage
+    with pytest.raises(openai.PermissionDeniedError, match="may not use the model"):
+        openai.OpenAI(base_url=f"{url}/v1", api_key=narrow, max_retries=0).embeddings.create(
+            model=MODEL, input="x"
+        )
