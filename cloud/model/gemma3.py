@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .linear import Linear, WeightPlan
-from .llama import StepAttention
+from .llama import StepAttention, fp32_rms_norm
 from .rope import RotaryEmbedding
 from .weights import ModelWeights
 
@@ -115,10 +115,7 @@ class Gemma3Model:
         return self.config.attention_window(layer)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # in fp32, multiplied before the cast back, as Gemma3RMSNorm does (Llama casts, then multiplies)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.config.rms_eps)
-        return (xf * weight).to(self.dtype)
+        return fp32_rms_norm(x, weight, self.config.rms_eps, self.dtype)
 
     @torch.inference_mode()
     def forward(

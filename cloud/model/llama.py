@@ -21,6 +21,15 @@ from .rope import RotaryEmbedding
 from .weights import ModelWeights
 
 
+def fp32_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """RMSNorm in fp32 whatever the run dtype, the weight applied before the cast back (Gemma 3's
+    reference order; Llama's casts first, the same arithmetic in an fp32 run); spelled out because
+    F.rms_norm dispatches through several ops on a CPU and costs more per call."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (xf * weight).to(dtype)
+
+
 class StepAttention(Protocol):
     """Attention for one step, as the engine binds it to its KV cache and the step's metadata. The
     model only knows this seam (the model never imports the engine): each layer hands over its fresh
@@ -125,11 +134,7 @@ class LlamaModel:
         return self.embed[input_ids]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # RMSNorm in fp32 whatever the run dtype, as the reference implementation does; spelled out
-        # because F.rms_norm dispatches through several ops on CPU and costs more per call
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.config.rms_eps)
-        return (xf * weight).to(self.dtype)
+        return fp32_rms_norm(x, weight, self.config.rms_eps, self.dtype)
 
     @torch.inference_mode()
     def forward(

@@ -21,7 +21,6 @@ import msgspec
 import structlog
 import torch
 
-from cloud.engine.async_engine import OutputStream
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineStats
 from cloud.engine.embedding import Pooling
@@ -38,6 +37,7 @@ from cloud.engine.engine_process import (
     engine_main,
 )
 from cloud.engine.output import RequestOutput
+from cloud.engine.output_stream import OutputStream
 from cloud.engine.prompt import render_chat_prompt
 from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from shared.errors import CtxfuseError, EngineDeadError, InvalidRequestError, ModelLoadError

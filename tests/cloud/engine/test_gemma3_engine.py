@@ -22,31 +22,19 @@ import torch
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.request import SamplingParams
-from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
 from cloud.model.gguf_loader import _dequantize, read_config
 from cloud.model.kquants import KQUANTS
 from cloud.model.loading import LoadedModel, load_gguf_model
 from cloud.model.registry import GEMMA3_270M
 from cloud.model.weights import ModelWeights
 
+from .recording import RecordingSampler
+
 TOL = 1e-3
 BOS = 2
 WINDOW = 512
 CHUNK = 200  # prefill chunks that end off block edges and off the window's edge
 NEW_TOKENS = 8
-
-
-class RecordingSampler(Sampler):
-    """The real sampler, recording the logits row it was given for each request at each step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.logits: dict[str, list[torch.Tensor]] = {}
-
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampleResult]:
-        for row, req in enumerate(batch.rows):
-            self.logits.setdefault(req.request_id, []).append(logits[row].clone())
-        return super().__call__(logits, batch)
 
 
 def reference_model(weights: ModelWeights) -> torch.nn.Module:

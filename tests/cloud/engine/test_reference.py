@@ -13,7 +13,8 @@ from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.kv_cache import KVCache
 from cloud.engine.request import SamplingParams
-from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
+
+from .recording import RecordingSampler
 
 TOL = 1e-3
 CHATS = [
@@ -25,19 +26,6 @@ DOC = (
     "The Rhine is a river that begins in the Swiss Alps, forms part of the Swiss-Liechtenstein and "
     "Swiss-Austrian borders, and flows through Germany and the Netherlands into the North Sea. "
 ) * 3
-
-
-class RecordingSampler(Sampler):
-    """The real sampler, recording the logits row it was given for each request at each step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.logits: dict[str, list[torch.Tensor]] = {}
-
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampleResult]:
-        for row, req in enumerate(batch.rows):
-            self.logits.setdefault(req.request_id, []).append(logits[row].clone())
-        return super().__call__(logits, batch)
 
 
 def make_core(loaded_model, **overrides) -> tuple[EngineCore, RecordingSampler]:  # type: ignore[no-untyped-def]

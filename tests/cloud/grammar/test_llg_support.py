@@ -9,21 +9,20 @@ rejected. jsonschema_rs, the referee of finished output, labels every instance f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema_rs
 import pytest
 
-from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.grammar.llg_engine import LlgGrammar
 from cloud.grammar.schema_support import LLG_ENFORCED, LLG_FORMATS, check_schema
 from cloud.grammar.spec import GrammarSpec
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+
+from .matching import accepts
 
 INT = {"type": "integer"}
 
@@ -87,23 +86,6 @@ FORMATS = {
     "uri": ("http://a.b/c?d#e", ["not a uri", "//no-scheme"]),
     "ipv4": ("192.168.0.1", ["256.1.1.1", "01.2.3.4", "1.2.3"]),
 }
-
-
-@pytest.fixture(scope="module")
-def tok(gguf_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf(gguf_path)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tok, tok.vocab_size, cache_size=64)
-
-
-def accepts(tok: Tokenizer, grammar: CompiledGrammar, instance: Any) -> bool:
-    assert isinstance(grammar, LlgGrammar)
-    matcher = grammar.matcher()
-    tokens = [*tok.encode(json.dumps(instance, ensure_ascii=False)), min(tok.eos_ids)]
-    return all(matcher.consume_token(t) for t in tokens) and matcher.is_stopped()
 
 
 def enforced(

@@ -10,23 +10,20 @@ rejected.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema_rs
 import pytest
-import xgrammar as xgr
 
-from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
-from cloud.grammar.llg_engine import LlgGrammar
 from cloud.grammar.negation import negated
 from cloud.grammar.schema_support import Engine, check_schema
 from cloud.grammar.spec import GrammarSpec
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+
+from .matching import accepts
 
 INT = {"type": "integer"}
 STR = {"type": "string"}
@@ -147,25 +144,6 @@ DATE_PROBES = [
         ["2023-02-29", "2023-04-31", "2023-00-10", "2024-1-01", "2023-01-01T"],
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def tok(gguf_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf(gguf_path)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tok, tok.vocab_size, cache_size=64)
-
-
-def accepts(tok: Tokenizer, grammar: CompiledGrammar, instance: Any) -> bool:
-    tokens = [*tok.encode(json.dumps(instance)), min(tok.eos_ids)]
-    if isinstance(grammar, LlgGrammar):
-        matcher = grammar.matcher()
-        return all(matcher.consume_token(t) for t in tokens) and matcher.is_stopped()
-    xgr_matcher = xgr.GrammarMatcher(grammar)
-    return all(xgr_matcher.accept_token(t) for t in tokens) and xgr_matcher.is_terminated()
 
 
 @pytest.mark.parametrize("probe", PROBES + DATE_PROBES, ids=lambda p: p.name)
