@@ -30,8 +30,8 @@ def _cmd_models_fetch(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from cloud.engine.core import EngineCore
-    from cloud.engine.request import SamplingParams
     from ctxfuse.engine_cli import engine_config
+    from shared.engine_types import SamplingParams
 
     core = EngineCore(engine_config(args))
     ids = core.encode_chat([{"role": "user", "content": args.prompt}])

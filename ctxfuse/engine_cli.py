@@ -19,7 +19,7 @@ from cloud.engine.config import (
     EngineConfig,
     SparseConfig,
 )
-from cloud.model.linear import WEIGHT_QUANTS
+from cloud.model.formats import WEIGHT_QUANTS
 from ctxfuse.cli_values import non_negative_int
 from shared.errors import CtxfuseError
 

@@ -36,6 +36,7 @@ def http_config(args: argparse.Namespace) -> GatewayConfig:
         api_key=API_KEY.read(args),
         log_content=args.log_content,
         share_prefix_cache=args.share_prefix_cache,
+        embedding_token_ids=not args.no_embedding_token_ids,
         max_body_bytes=int(args.max_body_mib * 2**20),
         shutdown_timeout_s=args.shutdown_timeout,
         log_level=args.log_level,
@@ -57,9 +58,9 @@ def check_tls_options(args: argparse.Namespace) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ctxfuse.edge_cli import check_edge_listener
+    from ctxfuse.engine_serve import serve
     from ctxfuse.fleet_cli import fleet_config
     from ctxfuse.vision_cli import ensure_vision_files, vision_options
-    from gateway.server import serve
 
     problem = check_edge_listener(args) or check_tls_options(args)
     if problem:
@@ -113,6 +114,12 @@ def add_gateway_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let tenants reuse one another's cached prompt prefixes (default: each tenant's cache is "
         "its own, so cached_tokens and TTFT never reveal what another tenant sent)",
+    )
+    g.add_argument(
+        "--no-embedding-token-ids",
+        action="store_true",
+        help="refuse token ids as /v1/embeddings input (default: taken, as OpenAI takes them; ids from "
+        "another model's vocabulary, as LangChain's OpenAIEmbeddings sends by default, embed as nonsense)",
     )
     g.add_argument(
         "--log-content", action="store_true", help="write prompts and completions into the request log"

@@ -27,7 +27,7 @@ def add_worker_parser(w: argparse.ArgumentParser) -> None:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from ctxfuse.engine_cli import engine_config
+    from ctxfuse.engine_serve import serve
     from ctxfuse.serve_cli import http_config
-    from gateway.server import serve
 
     return serve(engine_config(args), http_config(args), worker=True)

@@ -31,6 +31,7 @@ from gateway.access.keys import KeyStore
 from gateway.batch import routes as batch_routes
 from gateway.batch.executor import upstream_executor
 from gateway.batch.runner import BatchRunner
+from gateway.config import GatewayConfig
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.openai import responses
 from gateway.openai import routes as openai_routes
@@ -86,16 +87,25 @@ def litestar_app(
     )
 
 
+WORKER_NEEDS_KEY = (
+    "a worker needs a credential: start it with --api-key (or --api-key-file, or $CTXFUSE_API_KEY) "
+    "and give the router the same key (--backend-key); its /internal routes are never open"
+)
+
+
+def require_worker_key(config: GatewayConfig) -> None:
+    """A worker refuses to start without its key: checked before the model loads (ctxfuse worker),
+    and again when its app is built."""
+    if not config.api_key:
+        raise CtxfuseError(WORKER_NEEDS_KEY)
+
+
 def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
     """The OpenAI port's app; `worker`: as `ctxfuse worker` (its router's key only, the tenant its
     router names, no Batch API)."""
     config = gateway.config
-    if worker and not config.api_key:
-        raise CtxfuseError(
-            "a worker needs a credential: start it with --api-key (or --api-key-file, or "
-            "$CTXFUSE_API_KEY) and give the router the same key (--backend-key); its /internal routes "
-            "are never open"
-        )
+    if worker:
+        require_worker_key(config)
     routes: list[HTTPRouteHandler] = [*openai_routes.ROUTES, *ops_routes.ROUTES, *gateway.upstream.routes]
     batches = None if worker else batch_runner(gateway)
     if batches is not None:

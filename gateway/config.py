@@ -34,6 +34,9 @@ class GatewayConfig:
     # tenants reuse one another's cached prompt prefixes (off: each tenant's are its own, so
     # cached_tokens and TTFT never tell one tenant what another sent)
     share_prefix_cache: bool = False
+    # /v1/embeddings takes token ids as input (OpenAI does); off: refused, since ids from another
+    # model's vocabulary (LangChain sends tiktoken's by default) embed as nonsense
+    embedding_token_ids: bool = True
     max_running_batches: int = 4  # batches run side by side; one that keeps failing holds one slot, not all
     # lifetime of a Batch API file made without `expires_after` (0: until deleted, as OpenAI keeps them)
     file_ttl_days: int = 0

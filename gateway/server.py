@@ -12,29 +12,21 @@ whose engine is gone can only refuse work.
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Mapping, Sequence
 from types import FrameType
 
 import structlog
 import uvicorn
 
-from cloud.engine.config import EngineConfig
 from cloud.model.registry import cache_dir
 from gateway.app import create_app
-from gateway.backends.base import Upstream
-from gateway.backends.engine import Backend, InProcessBackend
-from gateway.backends.local import EngineUpstream, engine_gateway
-from gateway.backends.models import ModelsUpstream
-from gateway.backends.process import ProcessBackend
+from gateway.backends.engine import Backend
+from gateway.backends.local import engine_gateway
 from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
-from gateway.ops.logs import configure_logging
 from gateway.state import Gateway
 from shared import conn_limits
 from shared.draining import DrainingServer
-from shared.errors import CtxfuseError
 from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
 log = structlog.get_logger("ctxfuse.gateway")
@@ -161,56 +153,3 @@ def serve_together(main: uvicorn.Server, companion: uvicorn.Server) -> None:
 
     with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
         runner.run(both())
-
-
-def serve(
-    engine_config: EngineConfig | Sequence[EngineConfig],
-    config: GatewayConfig,
-    worker: bool = False,
-    aliases: Mapping[str, str] | None = None,
-) -> int:
-    """Serve until a signal; several engine configs: one engine per model (`--model NAME=PATH`
-    repeated), each request run by the one it names; `worker`: as `ctxfuse worker` (one model, the
-    internal routes, no Batch API)."""
-    configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
-    if worker and (len(configs) > 1 or aliases):
-        raise CtxfuseError("a worker serves one model under one name; run a worker per model")
-    configure_logging(config.log_level)
-    if not config.is_loopback and not config.api_key:
-        print(
-            f"ctxfuse: warning: serving on {config.host} without an API key; anyone who can reach this "
-            "address can use the model (set --api-key or CTXFUSE_API_KEY)",
-            file=sys.stderr,
-        )
-    backends: list[InProcessBackend | ProcessBackend] = []
-    engine = None
-    store = None
-    try:
-        for c in configs:
-            print(f"ctxfuse: loading the model {c.model or ''} ...", file=sys.stderr, flush=True)
-            backend: InProcessBackend | ProcessBackend
-            if worker or not config.engine_process:  # a worker's routes read the core's block events
-                backend = InProcessBackend.from_config(c)
-                engine = WorkerEngine.of(backend.engine.core) if worker else None
-            else:
-                backend = ProcessBackend(c)
-            backends.append(backend)
-            for line in backend.describe:
-                print(f"ctxfuse: {line}", file=sys.stderr, flush=True)
-        store = open_chunk_store(config) if config.edge_port is not None else None
-        engines = [EngineUpstream(b, config, engine) for b in backends]
-        upstream: Upstream = engines[0]
-        if len(engines) > 1 or aliases:
-            upstream = ModelsUpstream(engines, dict(aliases or {}))
-        gateway = Gateway(upstream, config, store)
-        server = server_for(gateway, worker=worker, exit_on_engine_death=True)
-        run_servers(server)
-    finally:
-        for b in backends:
-            b.shutdown()
-        if store is not None:
-            store.close()
-    if server.engine_died:
-        print("ctxfuse: the engine has stopped; exiting for a supervisor to restart", file=sys.stderr)
-        return 1
-    return 0 if server.started else 1

@@ -24,10 +24,14 @@ class CtxfuseError(Exception):
 
 
 class InvalidRequestError(CtxfuseError):
-    """The client sent something the engine cannot serve (400)."""
+    """The client sent something the engine cannot serve (400). Every one carries a code a client can
+    branch on: `invalid_value` unless a more precise one is given."""
 
     status = 400
     type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code or "invalid_value")
 
 
 class ContextLengthExceededError(InvalidRequestError):

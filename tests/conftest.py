@@ -33,7 +33,7 @@ def gemma_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma_reader(gemma_path: Path):  # type: ignore[no-untyped-def]
     """The Gemma file opened once: its 262K-piece vocabulary takes the gguf reader ~10 s to parse."""
-    from cloud.model.gguf_loader import open_gguf
+    from cloud.model.gguf_vocab import open_gguf
 
     return open_gguf(gemma_path)
 

@@ -6,6 +6,8 @@ engine. Every import counts: at module top, inside a function, or under TYPE_CHE
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,3 +102,55 @@ def test_imports_flow_one_way() -> None:
 )
 def test_the_check_catches_what_it_should(importer: str, code: str, bad: bool) -> None:
     assert bool(violations(Path(importer), code)) is bad
+
+
+# What a router without an engine never loads (the `router` extra has none of them): the gateway
+# package, the CLI's routing commands and the torch-free parts of cloud/ it reads must stay clear.
+ENGINE_SIDE = ("torch", "transformers", "xgrammar", "triton", "gguf", "accelerate", "safetensors")
+ROUTER_ENTRY = ("gateway", "ctxfuse.cli", "ctxfuse.serve_cli", "ctxfuse.fleet_cli")
+
+
+# the engine's own code, which the gateway reaches only through the Backend the CLI hands it; of
+# cloud/engine/ it may read the configuration's names and, on a worker, the prefix cache's event log
+ENGINE_CODE = ("cloud.engine", "cloud.serving", "kernels", "cloud.grammar.compiler", "cloud.grammar.compiled")
+ENGINE_CODE += tuple(
+    f"cloud.model.{m}" for m in ("loading", "llama", "gemma3", "causal_lm", "linear", "weights")
+)
+GATEWAY_MAY_READ = ("cloud.engine.config", "cloud.engine.block_events")
+
+
+def engine_code(target: str) -> bool:
+    if any(target == m or target.startswith(m + ".") for m in GATEWAY_MAY_READ):
+        return False
+    return any(target == m or target.startswith(m + ".") for m in ENGINE_CODE)
+
+
+def gateway_modules() -> list[str]:
+    return [module_name(p) for p in sources() if module_name(p).split(".")[0] == "gateway"]
+
+
+def test_the_gateway_imports_no_engine_side_package() -> None:
+    """Every gateway module imported in a fresh interpreter, then the routing CLI: no torch, grammar
+    engine or GGUF reader in sys.modules (imports inside functions count only when they run)."""
+    modules = [*gateway_modules(), *ROUTER_ENTRY]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print(' '.join(sorted(k for k in sys.modules if k.split('.')[0] in {ENGINE_SIDE!r})))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr
+    loaded = {m.split(".")[0] for m in proc.stdout.split()}
+    assert not loaded, f"importing the gateway loads {sorted(loaded)}"
+
+
+def test_no_gateway_module_imports_the_engine_or_the_model_code() -> None:
+    """Statically too: the engine's clients live in cloud/serving/, built by the CLI and handed in."""
+    found = []
+    for rel in sources():
+        if module_name(rel).split(".")[0] != "gateway":
+            continue
+        for line, target in imported(rel, (REPO / rel).read_text()):
+            if target.split(".")[0] in ENGINE_SIDE or engine_code(target):
+                found.append(f"{rel}:{line} imports {target}")
+    assert not found, "\n".join(found)

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.loading import load_model
+from shared.engine_types import SamplingParams
 
 PROMPTS = (
     "What is the capital of France?",

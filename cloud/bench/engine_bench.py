@@ -24,9 +24,8 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.output import RequestOutput
-from cloud.engine.request import SamplingParams
 from cloud.model.loading import load_model
+from shared.engine_types import RequestOutput, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin

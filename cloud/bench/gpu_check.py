@@ -100,8 +100,8 @@ def _engine(model, device: str, **overrides):
 
 def _greedy(core, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy continuations and the first step's logits [prompts, vocab] (fp32, on the CPU)."""
-    from cloud.engine.request import SamplingParams
     from cloud.engine.sampler import Sampler
+    from shared.engine_types import SamplingParams
 
     first: dict[str, torch.Tensor] = {}
 
@@ -151,7 +151,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def decode_throughput(model, device: torch.device, batch: int, tokens: int, eager: bool) -> float:
     """Decode tokens per second of `batch` requests generating together (prefill steps excluded)."""
-    from cloud.engine.request import SamplingParams
+    from shared.engine_types import SamplingParams
 
     core = _engine(model, str(device), max_num_seqs=max(batch, 1), enforce_eager=eager)
     ids = core.encode_chat([{"role": "user", "content": "Tell me a long story about a lighthouse."}])

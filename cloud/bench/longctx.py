@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from cloud.engine.config import DTYPES
-from cloud.model.linear import WEIGHT_QUANTS
+from cloud.model.formats import WEIGHT_QUANTS
 
 from .longctx_configs import CONFIGS, DEFAULT_NATIVE_CONTEXT, DEFAULT_YARN_FACTOR, REFERENCE, Grid
 from .longctx_data import TASKS

@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from cloud.engine.config import DType
-from cloud.model.linear import WeightQuant
+from cloud.model.formats import WeightQuant
 
 from .longctx_configs import Grid
 from .longctx_data import Task

@@ -20,7 +20,7 @@ import msgspec
 from tqdm import tqdm
 
 from cloud.engine.config import DType, EngineConfig
-from cloud.model.linear import WeightQuant
+from cloud.model.formats import WeightQuant
 
 from .heatmap import HeatmapPanel, render_heatmap
 from .longctx_configs import CONFIGS, REFERENCE, Grid, plan

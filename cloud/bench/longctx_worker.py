@@ -24,8 +24,8 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.loading import LoadedModel, load_model
+from shared.engine_types import SamplingParams
 
 from .longctx_configs import CONFIGS, EngineGroup, engine_config, plan
 from .longctx_data import Case, CaseSpec, Encoder, answer_number, is_correct, make_case

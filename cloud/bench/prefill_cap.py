@@ -24,8 +24,8 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.loading import LoadedModel, load_model
+from shared.engine_types import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

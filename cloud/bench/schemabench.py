@@ -38,9 +38,9 @@ from cloud.grammar.formats import grammar_schema
 from cloud.grammar.llg_engine import LlgGrammar
 from cloud.grammar.schema_paths import RefError, follow
 from cloud.grammar.schema_support import check_schema
-from cloud.grammar.spec import GrammarSpec
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench-dev.jsonl"
 PARAM = "schema"
@@ -251,7 +251,7 @@ def _listed(root: Any, node: Any, depth: int = 0) -> set[str]:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from cloud.model.loading import load_text_side
+    from cloud.model.text_side import load_text_side
 
     tokenizer, _ = load_text_side(args.model)
     report = run(tokenizer, Path(args.data), args.limit)

@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from cloud.engine.config import DTYPES, EngineConfig
-from cloud.model.linear import WEIGHT_QUANTS
+from cloud.model.formats import WEIGHT_QUANTS
 
 from .report import publish
 from .structured_results import FULL, QUICK, Report

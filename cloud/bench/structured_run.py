@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from cloud.engine.config import EngineConfig
-from cloud.engine.request import SamplingParams
-from cloud.grammar.spec import GrammarSpec
+from shared.engine_types import SamplingParams
+from shared.grammar_spec import GrammarSpec
 
 from .structured_schemas import DECODE_SCHEMA, SCHEMAS
 

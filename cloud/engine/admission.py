@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 
 from .overflow import OverflowPolicy
-from .request import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,15 +29,14 @@ import structlog
 import torch
 
 from cloud.grammar.compiled import CompiledGrammar
+from shared.engine_types import EngineStats, ImageSpan, Pooling, RequestOutput, SamplingParams
 from shared.errors import EngineDeadError
 
 from .config import EngineConfig
-from .core import EngineCore, EngineStats
-from .embedding import Embedder, EmbedJob, Pooling, awaited_job
+from .core import EngineCore
+from .embedding import Embedder, EmbedJob, awaited_job
 from .memory import release_free_heap
-from .output import RequestOutput
 from .output_stream import RequestStream
-from .request import ImageSpan, SamplingParams
 
 log = structlog.get_logger("ctxfuse.engine")
 

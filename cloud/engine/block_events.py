@@ -18,9 +18,8 @@ import threading
 from collections import deque
 from itertools import islice
 
+from shared.block_hash import BlockHash
 from shared.fleet_protocol import BlockEvents
-
-from .block_pool import BlockHash
 
 DEFAULT_CAPACITY = 65536  # events kept: 16-byte hashes, about 1 MiB of answer at most
 

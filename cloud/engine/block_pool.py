@@ -13,32 +13,15 @@ full blocks hold which token prefix.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.block_hash import BlockHash
+
 if TYPE_CHECKING:
     from .block_events import BlockEventLog
-
-BlockHash = bytes
-
-
-def salt_key(cache_salt: str | None) -> bytes:
-    """What a request's cache salt mixes into every block hash (SamplingParams.cache_salt): requests
-    with different salts never share a cached block. The fleet router hashes with the same bytes."""
-    return b"" if cache_salt is None else b"salt:" + cache_salt.encode()
-
-
-def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_key: bytes = b"") -> BlockHash:
-    """Chain the parent block's hash, this block's tokens and an extra key into a 16-byte digest."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(array("q", token_ids).tobytes())
-    h.update(extra_key)
-    return h.digest()
 
 
 @dataclass(slots=True)

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+from cloud.model.formats import WeightQuant
 
-from cloud.model.linear import WeightQuant
-
-from .device import default_dtype, resolve_device
+if TYPE_CHECKING:  # torch loads only in the process that runs the engine: a router never needs it
+    import torch
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")  # torch.<name>
 AttentionKind = Literal["dense", "sparse"]
 KVDType = Literal["auto", "int8", "int4", "fp8"]
 KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4", "fp8")
@@ -78,15 +73,22 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
+        from .device import resolve_device
+
         return resolve_device(self.device)
 
     @property
     def run_dtype(self) -> str:
+        from .device import default_dtype
+
         return default_dtype(self.torch_device) if self.dtype == "auto" else self.dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.run_dtype]
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.run_dtype)
+        return dtype
 
     @property
     def kv_block_size(self) -> int:

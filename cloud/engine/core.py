@@ -23,23 +23,32 @@ from cloud.model.loading import LoadedModel, build_model, load_model
 from cloud.model.rope import scaled_context, with_rope_scaling
 from cloud.model.tokenizer import Tokenizer
 from cloud.model.weights import ModelWeights
+from cloud.text.prompt import render_chat_prompt
+from shared.block_hash import salt_key
+from shared.engine_types import (
+    ChatPrompt,
+    EngineStats,
+    ImageSpan,
+    RequestOutput,
+    SampleResult,
+    SamplingParams,
+)
 from shared.errors import InvalidRequestError, QueueFullError
 
 from .admission import Admission
 from .attention_choice import make_attention, use_triton
 from .block_events import BlockEventLog
-from .block_pool import BlockPool, salt_key
+from .block_pool import BlockPool
 from .config import EngineConfig
 from .cuda_graphs import CudaGraphs, eligible
 from .kv_cache import KVCache
 from .memory import make_kv_cache, plan_kv, release_free_heap
-from .output import RequestOutput, TextState, make_output
+from .output import TextState, make_output
 from .overflow import OverflowPolicy
 from .profile import profile_run
-from .prompt import render_chat_prompt
-from .request import ChatPrompt, FinishReason, ImageSpan, Request, SamplingParams
+from .request import FinishReason, Request
 from .runner import ModelRunner
-from .sampler import Sampler, SampleResult
+from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig, TokenEvent
 
 
@@ -51,20 +60,6 @@ class _Choice:
     index: int
     text: TextState
     prompt_logprobs: dict[int, SampleResult] | None = None  # by prompt position, while prefilling
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_blocks: int
-    kv_usage: float
-    kv_bytes_per_token: float
-    prefix_queried_tokens: int
-    prefix_hit_tokens: int
-    grammar_cache_hits: int = 0
-    grammar_cache_misses: int = 0  # grammars compiled
 
 
 class EngineCore:

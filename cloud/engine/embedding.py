@@ -20,15 +20,14 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from cloud.model.causal_lm import CausalLM
+from shared.engine_types import Pooling
 from shared.errors import QueueFullError
 
-Pooling = Literal["mean", "last"]
 # [inputs, hidden] fp32 L2-normalized rows, or why the job failed; called once, on the engine thread
 EmbedDone = Callable[[torch.Tensor | BaseException], None]
 

@@ -27,6 +27,7 @@ import torch
 from cloud.grammar.compiled import CompiledGrammar
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
+from shared.engine_types import EngineStats, ImageSpan, Pooling, RequestOutput, SamplingParams
 from shared.errors import (
     ContextLengthExceededError,
     CtxfuseError,
@@ -41,10 +42,8 @@ from shared.errors import (
 from .admission import Admission
 from .async_engine import AsyncEngine
 from .config import EngineConfig
-from .core import EngineCore, EngineStats
-from .embedding import EmbedJob, Pooling
-from .output import RequestOutput
-from .request import ImageSpan, SamplingParams
+from .core import EngineCore
+from .embedding import EmbedJob
 
 
 class AddMsg(msgspec.Struct, tag="add", array_like=True):
@@ -126,11 +125,10 @@ class Embedded(msgspec.Struct, array_like=True):
             return cls(request_id, refusal=Refusal.of(out))
         return cls(request_id, out.float().contiguous().numpy().tobytes(), out.shape[0])
 
-    def result(self) -> torch.Tensor | CtxfuseError:
+    def result(self) -> np.ndarray | CtxfuseError:
         if self.refusal is not None:
             return self.refusal.error()
-        flat = np.frombuffer(self.vectors, dtype=np.float32).copy()
-        return torch.from_numpy(flat).view(self.rows, -1)
+        return np.frombuffer(self.vectors, dtype=np.float32).reshape(self.rows, -1)
 
 
 class Batch(msgspec.Struct, array_like=True):

@@ -6,7 +6,9 @@ The block pool owns the blocks; this owns each request's `block_ids` and `block_
 
 from __future__ import annotations
 
-from .block_pool import BlockPool, hash_block
+from shared.block_hash import hash_block
+
+from .block_pool import BlockPool
 from .request import Request
 
 

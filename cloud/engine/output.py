@@ -4,32 +4,11 @@ string that is still forming is never streamed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from cloud.model.detokenizer import IncrementalDecoder
 from cloud.model.tokenizer import Tokenizer
+from shared.engine_types import RequestOutput
 
 from .request import FinishReason, Request
-from .sampler import SampleResult
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str  # the id the caller submitted (shared by its n > 1 choices)
-    index: int  # which of the n choices
-    text: str  # new text since the previous output of this choice
-    token_ids: list[int]  # new tokens
-    logprobs: list[SampleResult] = field(default_factory=list)  # one per new token, when asked
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-    num_truncated_tokens: int = 0  # prompt tokens dropped to fit the context (truncate_middle)
-    # with the first output, when asked: one entry per prompt token (the first has no logprob)
-    prompt_logprobs: list[SampleResult] | None = None
-    queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
-    error: str | None = None
 
 
 class TextState:

@@ -7,9 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from shared.engine_types import RequestOutput
 from shared.errors import EngineDeadError
-
-from .output import RequestOutput
 
 if TYPE_CHECKING:
     from .async_engine import AsyncEngine

@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 
 from .config import ContextOverflow
-from .request import SamplingParams
 
 
 class OverflowPolicy:

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from cloud.model.causal_lm import CausalLM
+from shared.engine_types import SampleResult
 
 from .attention import AnyKVCache, AttentionBackend, AttentionMetadata, BoundAttention, PrefillSeq
 from .cuda_graphs import CudaGraphs
 from .input_batch import InputBatch
-from .sampler import Sampler, SampleResult, SampleRow, SamplingBatch
+from .sampler import Sampler, SampleRow, SamplingBatch
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .window_attention import with_windows
 

@@ -17,28 +17,19 @@ those of the model's own distribution (before penalties and temperature), as vLL
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.cpu.sampling import available as cpu_sampling_available
 from kernels.cpu.sampling import noisy_argmax
+from shared.engine_types import SampleResult, SamplingParams
 
 from .grammar_mask import GrammarMasks
-from .request import SamplingParams
 
 if TYPE_CHECKING:
     from cloud.grammar.compiled import CompiledGrammar
-
-
-@dataclass(slots=True)
-class SampleResult:
-    token_id: int
-    logprob: float | None = None  # of the chosen token, when logprobs were asked for
-    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
-    constrained_logprob: float | None = None  # under the grammar-masked distribution, when asked
-    rejected: bool = False  # the request's grammar refused the token: the request must end in error
 
 
 @dataclass(slots=True)

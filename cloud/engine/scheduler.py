@@ -19,11 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shared.engine_types import SamplingParams
 from shared.errors import QueueFullError
 
 from .block_pool import BlockPool
 from .kv_manager import KVManager
-from .request import FinishReason, Request, RequestStatus, SamplingParams
+from .request import FinishReason, Request, RequestStatus
 
 if TYPE_CHECKING:
     from cloud.grammar.compiled import CompiledGrammar

@@ -9,6 +9,7 @@ compilation is not cached.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -18,14 +19,13 @@ import xgrammar as xgr
 
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 
 from .compiled import CompiledGrammar
 from .formats import grammar_schema
 from .llg_engine import compile_llg, llg_tokenizer
 from .schema_paths import RefError
 from .schema_support import check_schema
-from .spec import GrammarSpec
-from .text_grammar import xgrammar_reason
 from .tool_grammar import tool_call_structural_tag
 
 _WHAT = {"json_schema": "schema", "tool_calls": "schema", "regex": "regex", "ebnf": "grammar"}
@@ -130,6 +130,15 @@ def _xgrammar_only(functions: dict[str, Any]) -> None:
                 param="tools",
                 code="unsupported_schema_feature",
             )
+
+
+# xgrammar prefixes its C++ messages with "[hh:mm:ss] /path/file.cc:123: "; the rest is the reason
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+def xgrammar_reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return _LOG_PREFIX.sub("", text.splitlines()[0]) if text else type(exc).__name__
 
 
 def _reason(exc: Exception) -> str:

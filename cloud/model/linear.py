@@ -16,11 +16,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from cloud.model.formats import WeightQuant
 from kernels.cpu.gguf_matmul import GGUFWeight, bound_linear, gguf_linear, random_weight
 from kernels.cpu.gguf_matmul import available as gguf_available
 
-WeightQuant = Literal["auto", "none", "int8", "int4", "gguf"]
-WEIGHT_QUANTS: tuple[WeightQuant, ...] = ("auto", "none", "int8", "int4", "gguf")
 # gguf: the file's own quantized blocks (Q4_0 / Q4_1 / Q8_0) read by a C++ kernel with fp32
 # activations and fp32 accumulation (kernels/cpu/gguf_matmul.py): the float32 reference's math on
 # the dequantized weights, in another summation order, at a fifth of the bytes for Q4_1

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as _RustTokenizer
 from shared.errors import ModelLoadError
 
 if TYPE_CHECKING:
-    from .gguf_loader import GGUFTokenizerData
+    from cloud.model.gguf_vocab import GGUFTokenizerData
 
 SPACE = "\u2581"  # SentencePiece's visible space
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4

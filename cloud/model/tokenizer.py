@@ -24,7 +24,7 @@ from .chat_template import default_chat_template
 from .spm_tokenizer import spm_backend_from_gguf, spm_max_token_bytes
 
 if TYPE_CHECKING:  # the loader pulls in torch; tokenizing text should not
-    from .gguf_loader import GGUFTokenizerData
+    from cloud.model.gguf_vocab import GGUFTokenizerData
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -196,7 +196,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
-        from .gguf_loader import load_gguf_tokenizer
+        from cloud.model.gguf_vocab import load_gguf_tokenizer
 
         return cls.from_gguf_data(load_gguf_tokenizer(path))
 

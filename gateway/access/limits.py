@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from cloud.engine.output import RequestOutput
 from gateway.access.keys import ApiKey
 from gateway.backends.engine import Generation
+from shared.engine_types import RequestOutput
 
 WINDOW_S = 60.0
 

@@ -19,8 +19,8 @@ from litestar import Request, Response
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
-from cloud.engine.core import EngineStats
 from shared.embeddings_protocol import EmbeddingRequest
+from shared.engine_types import EngineStats
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:

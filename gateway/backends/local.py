@@ -17,7 +17,6 @@ from litestar import Response
 from litestar.background_tasks import BackgroundTask
 from litestar.handlers import HTTPRouteHandler
 
-from cloud.engine.core import EngineStats
 from gateway.access.auth import Principal, principal_of, reserve_settled, reserve_tokens
 from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest
 from gateway.backends.engine import Backend, Generation
@@ -38,6 +37,7 @@ from gateway.openai.sse import sse_stream
 from gateway.ops.observe import request_id
 from gateway.state import Gateway
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
+from shared.engine_types import EngineStats
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError, QueueFullError
 from shared.protocol import (
     ChatCompletionRequest,
@@ -75,6 +75,7 @@ class EngineUpstream:
         self.model_name: str | None = backend.model_name
         self.names = {backend.model_name}  # and its aliases, when several models are served (models.py)
         self.share_prefix_cache = config.share_prefix_cache
+        self.embedding_token_ids = config.embedding_token_ids
         self.log_content = config.log_content
         self.texts = TokenTexts(backend.tokenizer)
         self.images = Images(config.vision)  # image parts -> features, built on the first image
@@ -177,7 +178,7 @@ class EngineUpstream:
     async def embeddings(
         self, request: AnyRequest, gw: Gateway, req: EmbeddingRequest, raw: bytes, arrival: float
     ) -> Answered:
-        inputs = await embeddings.prepare(req, self.backend)
+        inputs = await embeddings.prepare(req, self.backend, self.embedding_token_ids)
         # the exact count is known: what is reserved is what is used, unless the work never ran
         ticket = reserve_tokens(request.state, gw.limiter, sum(len(ids) for ids in inputs))
         try:
@@ -280,7 +281,7 @@ class EngineUpstream:
     async def _batch_embeddings(self, raw: bytes, rid: str) -> bytes:
         req = decode_body(raw, EmbeddingRequest)
         self.check_model(req.model)
-        inputs = await embeddings.prepare(req, self.backend)
+        inputs = await embeddings.prepare(req, self.backend, self.embedding_token_ids)
         return encode(await embeddings.embed(req, self.backend, inputs, rid))
 
 

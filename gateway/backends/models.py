@@ -12,7 +12,6 @@ import msgspec
 from litestar import Response
 from litestar.handlers import HTTPRouteHandler
 
-from cloud.engine.core import EngineStats
 from gateway.backends.base import Answered, AnyRequest
 from gateway.backends.local import EngineUpstream
 from gateway.batch.executor import Answer
@@ -20,6 +19,7 @@ from gateway.encoding import encode
 from gateway.openai.decode import decode_body
 from gateway.state import Gateway
 from shared.embeddings_protocol import EmbeddingRequest
+from shared.engine_types import EngineStats
 from shared.errors import CtxfuseError, NotFoundError
 from shared.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 

@@ -17,7 +17,6 @@ from litestar import Request, Response, get
 from litestar.params import FromQuery
 
 from cloud.engine.block_events import BlockEventLog
-from cloud.engine.core import EngineCore
 from gateway.backends.engine import Backend
 from gateway.encoding import encode
 from gateway.state import Gateway
@@ -33,10 +32,6 @@ class WorkerEngine:
     block_size: int
     max_num_seqs: int
     events: BlockEventLog
-
-    @classmethod
-    def of(cls, core: EngineCore) -> WorkerEngine:
-        return cls(core.kv_plan.block_size, core.config.max_num_seqs, core.block_events)
 
 
 class _WorkerUpstream(Protocol):

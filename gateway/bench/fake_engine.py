@@ -14,10 +14,8 @@ from typing import Any
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
-from cloud.engine.core import EngineStats
-from cloud.engine.output import RequestOutput
-from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
+from shared.engine_types import ChatPrompt, EngineStats, ImageSpan, RequestOutput, SamplingParams
 from shared.errors import EngineError
 
 MODEL_NAME = "bench-instant"

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import httpx
 
 from cloud.engine.config import LONG_PREFILL_TOKENS
-from cloud.model.loading import load_text_side
 from cloud.model.registry import fetch
+from cloud.model.text_side import load_text_side
 from gateway.backends.fleet.config import Policy
 from gateway.bench.fleet_workload import workload
 from gateway.bench.worker_proc import WorkerProcess

@@ -9,8 +9,6 @@ from typing import Any
 
 import msgspec
 
-from cloud.engine.request import ImageSpan, SamplingParams
-from cloud.grammar.spec import GrammarSpec
 from gateway.backends.engine import Backend, Generation
 from gateway.openai import structured, structured_result
 from gateway.openai.constraint_fields import output_constraint
@@ -21,7 +19,9 @@ from gateway.openai.sampling import sampling_params
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from shared.engine_types import ImageSpan, SamplingParams
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 from shared.protocol import (
     AssistantMessage,
     ChatChoice,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from cloud.engine.output import RequestOutput
 from cloud.grammar.tool_calls import ArgumentsDelta, CallStarted, ContentDelta, StreamEvent, ToolCallStream
 from gateway.backends.engine import Backend, Generation
 from gateway.encoding import SSE_DONE, sse_event
@@ -21,6 +20,7 @@ from gateway.openai.results import Reply, UsageTally, annotate_usage, metered, v
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from shared.engine_types import RequestOutput
 from shared.protocol import (
     ChatCompletionChunk,
     ChoiceLogprobs,

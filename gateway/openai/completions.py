@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from cloud.engine.request import SamplingParams
 from cloud.model.tokenizer import Tokenizer
 from gateway.backends.engine import Backend, Generation
 from gateway.encoding import SSE_DONE, sse_event
@@ -31,6 +30,7 @@ from gateway.openai.sampling import sampling_params
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from shared.engine_types import SamplingParams
 from shared.errors import InvalidRequestError
 from shared.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 

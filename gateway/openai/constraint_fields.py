@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cloud.grammar.spec import GrammarSpec
 from cloud.grammar.text_grammar import choice_spec, ebnf_spec, regex_spec
 from gateway.openai.structured import Structure, response_format_structure, schema_structure
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 from shared.protocol import SamplingFields, StructuredOutputs
 
 Constraint = Structure | GrammarSpec

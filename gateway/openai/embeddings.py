@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 
-import torch
+import numpy as np
 
 from gateway.backends.engine import Backend
 from shared.embeddings_protocol import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
@@ -22,12 +22,21 @@ MAX_INPUTS = 2048  # per request, as OpenAI
 _SHAPES = "input must be a string, a list of strings, a list of token ids or a list of token-id lists"
 
 
-def _token_lists(req: EmbeddingRequest, backend: Backend) -> list[list[int]]:
+TOKEN_IDS_REFUSED = (
+    "this server takes text only as embeddings input, not token ids (started with "
+    "--no-embedding-token-ids): ids from another model's vocabulary embed as nonsense. Send the text; "
+    "with LangChain's OpenAIEmbeddings, set check_embedding_ctx_length=False"
+)
+
+
+def _token_lists(req: EmbeddingRequest, backend: Backend, token_ids: bool) -> list[list[int]]:
     given = req.input
     if isinstance(given, str):
         given = [given]
     if not given:
         raise InvalidRequestError("input must not be empty", param="input")
+    if not token_ids and not all(isinstance(x, str) for x in given):
+        raise InvalidRequestError(TOKEN_IDS_REFUSED, param="input", code="token_ids_not_accepted")
     if all(isinstance(x, int) for x in given):
         return [[x for x in given if isinstance(x, int)]]
     if all(isinstance(x, str) for x in given):
@@ -41,15 +50,16 @@ def _token_lists(req: EmbeddingRequest, backend: Backend) -> list[list[int]]:
     raise InvalidRequestError(_SHAPES, param="input")
 
 
-def plan_inputs(req: EmbeddingRequest, backend: Backend) -> list[list[int]]:
-    """The request's inputs as token-id lists, each checked; raises the client's mistake."""
+def plan_inputs(req: EmbeddingRequest, backend: Backend, token_ids: bool = True) -> list[list[int]]:
+    """The request's inputs as token-id lists, each checked; raises the client's mistake. Token ids
+    are taken as input (as OpenAI takes them) unless `token_ids` is off (--no-embedding-token-ids)."""
     if req.dimensions is not None and not 1 <= req.dimensions <= backend.hidden_size:
         raise InvalidRequestError(
             f"dimensions must be between 1 and {backend.hidden_size} (this model's embedding size), "
             f"got {req.dimensions}",
             param="dimensions",
         )
-    inputs = _token_lists(req, backend)
+    inputs = _token_lists(req, backend, token_ids)
     if len(inputs) > MAX_INPUTS:
         raise InvalidRequestError(f"input holds {len(inputs)} items; at most {MAX_INPUTS}", param="input")
     vocab, limit = backend.tokenizer.vocab_size, backend.max_model_len
@@ -69,22 +79,24 @@ def plan_inputs(req: EmbeddingRequest, backend: Backend) -> list[list[int]]:
     return inputs
 
 
-async def prepare(req: EmbeddingRequest, backend: Backend) -> list[list[int]]:
+async def prepare(req: EmbeddingRequest, backend: Backend, token_ids: bool = True) -> list[list[int]]:
     """plan_inputs on a worker thread: tokenizing never holds up the event loop."""
-    return await asyncio.to_thread(plan_inputs, req, backend)
+    return await asyncio.to_thread(plan_inputs, req, backend, token_ids)
 
 
 def response(
-    req: EmbeddingRequest, vectors: torch.Tensor, inputs: list[list[int]], model: str
+    req: EmbeddingRequest, vectors: np.ndarray, inputs: list[list[int]], model: str
 ) -> EmbeddingList:
-    """vectors: [inputs, hidden] fp32, L2-normalized."""
-    if req.dimensions is not None:
-        vectors = torch.nn.functional.normalize(vectors[:, : req.dimensions], dim=-1)
+    """vectors: [inputs, hidden] float32, L2-normalized."""
+    if req.dimensions is not None:  # the leading dimensions, normalized again (Matryoshka-style)
+        cut = vectors[:, : req.dimensions]
+        norms = np.linalg.norm(cut, axis=-1, keepdims=True)
+        vectors = cut / np.maximum(norms, np.float32(1e-12))
     data = []
     for i, v in enumerate(vectors):
         e: list[float] | str
         if req.encoding_format == "base64":  # as OpenAI's SDK decodes it: little-endian float32
-            e = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
+            e = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
         else:
             e = v.tolist()
         data.append(Embedding(index=i, embedding=e))

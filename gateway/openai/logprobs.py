@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from cloud.engine.sampler import SampleResult
 from cloud.model.spm_tokenizer import byte_piece_value
 from cloud.model.tokenizer import Tokenizer
+from shared.engine_types import SampleResult
 from shared.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cloud.engine.request import SamplingParams
+from shared.engine_types import SamplingParams
 from shared.errors import InvalidRequestError
 from shared.protocol import SamplingFields
 

@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 
 from cloud.grammar.schema_support import check_schema
-from cloud.grammar.spec import GrammarSpec, canonical_json
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec, canonical_json
 from shared.protocol import (
     ChatCompletionRequest,
     NamedToolChoice,

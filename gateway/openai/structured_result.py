@@ -17,13 +17,13 @@ from typing import Any
 
 import jsonschema_rs
 
-from cloud.engine.sampler import SampleResult
 from cloud.grammar.confidence import field_confidence, token_spans
-from cloud.grammar.spec import canonical_json
 from cloud.grammar.tool_calls import CALL_BEGIN, call_prefix, parse_tool_calls
 from cloud.model.detokenizer import IncrementalDecoder
 from cloud.model.tokenizer import Tokenizer
 from gateway.openai.structured import JSON_OBJECT, Structure
+from shared.engine_types import SampleResult
+from shared.grammar_spec import canonical_json
 from shared.protocol import FunctionCall, StructuredResult, ToolCall
 
 _CUT = "the output was cut off by max_tokens before it was complete"

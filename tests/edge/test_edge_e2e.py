@@ -23,10 +23,10 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.backends.engine import InProcessBackend
 from gateway.backends.local import EngineUpstream, engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore

@@ -15,7 +15,7 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.backends.local import engine_gateway
 from gateway.bench.edge.pictures import encoded, photo, traffic_light
 from gateway.config import GatewayConfig

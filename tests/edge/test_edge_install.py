@@ -23,7 +23,7 @@ import uvicorn
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.backends.local import engine_gateway
 from gateway.bench.edge.pictures import encoded, traffic_light
 from gateway.bench.serve import free_port

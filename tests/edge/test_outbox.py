@@ -24,12 +24,12 @@ import uvicorn
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.forwarder import backoff_delay
 from edge.outbox import Outbox
 from edge.server import agent_uvicorn_config
-from gateway.backends.engine import InProcessBackend
 from gateway.backends.local import engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.server import build_edge_server

@@ -17,8 +17,9 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from gateway.access.keys import KeyStore
-from gateway.backends.engine import Backend, InProcessBackend
+from gateway.backends.engine import Backend
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer, build_server
 

@@ -7,10 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloud.engine.core import EngineStats
-from cloud.engine.output import RequestOutput
-from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
 from cloud.model.tokenizer import Tokenizer
+from shared.engine_types import ChatPrompt, EngineStats, ImageSpan, RequestOutput, SamplingParams
 from shared.errors import QueueFullError
 
 

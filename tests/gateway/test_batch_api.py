@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.batch.routes import MAX_FILE_BYTES
 from gateway.config import GatewayConfig
 

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
+from cloud.serving.in_process import InProcessBackend
 from ctxfuse.cli import build_parser
-from gateway.backends.engine import InProcessBackend
 from gateway.batch.executor import Answer
 from gateway.batch.files import Idem
 from gateway.batch.runner import BatchRunner

@@ -9,7 +9,7 @@ from types import TracebackType
 
 import httpx
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.config import GatewayConfig
 
 from .conftest import run_in_thread

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.backends.local import engine_gateway
 from gateway.batch import runner as batch_runner
 from gateway.batch.executor import Answer, upstream_executor

@@ -13,8 +13,8 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from ctxfuse.cli import build_parser
-from gateway.backends.engine import InProcessBackend
 from gateway.backends.fleet.config import BackendSpec, FleetConfig
 from gateway.backends.fleet.serve import build_fleet_server
 from gateway.config import GatewayConfig

@@ -14,10 +14,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from cloud.serving.in_process import InProcessBackend
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.server import agent_uvicorn_config
-from gateway.backends.engine import InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.server import uvicorn_config
 from shared import certs

@@ -21,8 +21,8 @@ from cryptography import x509
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from ctxfuse.cli import main
-from gateway.backends.engine import InProcessBackend
 from gateway.backends.local import engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from cloud.engine.output import RequestOutput
+from shared.engine_types import RequestOutput
 
 from .conftest import MODEL, Served, wait_idle
 

@@ -23,11 +23,11 @@ import uvicorn
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from edge.agent import Agent
 from edge.config import EdgeConfig
 from edge.encode import chunk_strings
 from edge.server import agent_uvicorn_config
-from gateway.backends.engine import InProcessBackend
 from gateway.backends.local import engine_gateway
 from gateway.config import GatewayConfig
 from gateway.edge.budget import max_refs

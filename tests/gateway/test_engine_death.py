@@ -25,7 +25,7 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 
 from .conftest import ENGINE, GATEWAY, MODEL, Running, run_in_thread
 

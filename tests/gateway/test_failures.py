@@ -12,7 +12,7 @@ import openai
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.config import GatewayConfig
 
 from .conftest import Running, run_in_thread

@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.config import GatewayConfig
 
 from .conftest import ENGINE, MODEL, run_in_thread

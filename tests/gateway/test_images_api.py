@@ -17,8 +17,8 @@ import msgspec
 import openai
 import pytest
 
+from cloud.serving.in_process import InProcessBackend
 from edge.vision.features import VisionOptions
-from gateway.backends.engine import InProcessBackend
 from gateway.bench.edge.pictures import crossword, encoded, photo, traffic_light
 
 from .conftest import GATEWAY, MODEL, Running, run_in_thread

@@ -17,13 +17,14 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
+from cloud.serving.in_process import InProcessBackend
 from ctxfuse.cli import build_parser
 from ctxfuse.engine_cli import ModelSpec, engine_config, engine_configs
-from gateway.backends.engine import InProcessBackend
+from ctxfuse.engine_serve import serve
 from gateway.backends.local import EngineUpstream
 from gateway.backends.models import ModelsConfigError, ModelsUpstream
 from gateway.config import GatewayConfig
-from gateway.server import GatewayServer, serve, server_for
+from gateway.server import GatewayServer, server_for
 from gateway.state import Gateway
 from shared.errors import CtxfuseError
 

@@ -15,7 +15,7 @@ from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import SparseConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 
 from .conftest import ENGINE, GATEWAY, MODEL, Served, run_in_thread
 

@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from cloud.engine.engine_process import Refusal
-from gateway.backends.engine import InProcessBackend
-from gateway.backends.process import ProcessBackend
+from cloud.serving.in_process import InProcessBackend
+from cloud.serving.process import ProcessBackend
 from shared.errors import ContextLengthExceededError, EngineError, ModelLoadError, QueueFullError
 
 from .conftest import ENGINE, GATEWAY, MODEL, Running, run_in_thread, wait_idle
@@ -199,7 +199,7 @@ def test_the_engine_process_ends_when_the_gateway_dies(gguf_path: Path) -> None:
         "import os, sys\n"
         "from dataclasses import replace\n"
         "from tests.gateway.conftest import ENGINE\n"
-        "from gateway.backends.process import ProcessBackend\n"
+        "from cloud.serving.process import ProcessBackend\n"
         "b = ProcessBackend(replace(ENGINE, model=sys.argv[1]))\n"
         "print(b.engine_pid, flush=True)\n"
         "sys.stdin.read()\n"

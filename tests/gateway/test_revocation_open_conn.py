@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.config import GatewayConfig
 from gateway.edge.server import EdgeServer, build_edge_server
 from gateway.server import GatewayServer, build_server, serve_together

@@ -13,7 +13,7 @@ import openai
 import pytest
 import xgrammar as xgr
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
 from gateway.openai.structured import response_format_structure
 from shared.protocol import JsonSchemaSpec, ResponseFormat
 

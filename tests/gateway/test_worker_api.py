@@ -17,11 +17,12 @@ import msgspec
 import openai
 import pytest
 
-from cloud.engine.block_pool import hash_block
-from gateway.backends.engine import InProcessBackend
-from gateway.backends.worker import MSGPACK, WorkerEngine
+from cloud.serving.in_process import InProcessBackend
+from ctxfuse.engine_serve import worker_engine
+from gateway.backends.worker import MSGPACK
 from gateway.config import GatewayConfig
 from gateway.server import build_server
+from shared.block_hash import hash_block
 from shared.errors import CtxfuseError
 from shared.fleet_protocol import HASH_SCHEME, BlockEvents, WorkerState
 
@@ -33,7 +34,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}  # a worker requires its router's key
 
 def start_worker(backend: InProcessBackend, config: GatewayConfig) -> Running:
     """The worker app over the session's engine, served in a thread (like conftest.run_in_thread)."""
-    server = build_server(backend, config, announce=False, worker=WorkerEngine.of(backend.engine.core))
+    server = build_server(backend, config, announce=False, worker=worker_engine(backend))
     thread = threading.Thread(target=server.run, name="test-worker", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -78,3 +78,20 @@ def test_worker_process_prints_its_base_url_reports_state_and_exits_on_sigterm(g
         assert worker.proc.wait(30) == 0
     finally:
         worker.kill()
+
+
+def test_a_worker_without_a_key_refuses_before_it_loads_the_model(tmp_path: Path) -> None:
+    """The model named does not exist: a worker that loaded first would say so; it must name the key."""
+    env = {k: v for k, v in os.environ.items() if k != "CTXFUSE_API_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxfuse", "worker", "--model", str(tmp_path / "absent.gguf"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "a worker needs a credential" in proc.stderr
+    assert "loading the model" not in proc.stderr and "not found" not in proc.stderr

@@ -17,7 +17,6 @@ from typing import cast
 
 from litestar.response import Stream
 
-from cloud.engine.block_pool import salt_key
 from gateway.access.auth import Principal
 from gateway.backends.base import CHAT_PATH
 from gateway.backends.fleet.fleet import Fleet
@@ -27,6 +26,7 @@ from gateway.batch.executor import Answer, refuse_stream
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.decode import decode_body
+from shared.block_hash import salt_key
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError
 from shared.protocol import ChatCompletionRequest, CompletionRequest

@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from cloud.engine.block_pool import hash_block
-from cloud.engine.prompt import render_chat_prompt
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
+from cloud.text.prompt import render_chat_prompt
 from gateway.openai import chat, structured
+from shared.block_hash import hash_block
 from shared.errors import CtxfuseError
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 

@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from cloud.model.loading import load_text_side
+from cloud.model.text_side import load_text_side
 from gateway.backends.fleet.config import FleetConfig
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.metrics import FleetMetrics

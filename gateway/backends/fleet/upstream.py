@@ -27,8 +27,6 @@ import msgspec
 from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
 
-from cloud.engine.block_pool import salt_key
-from cloud.engine.core import EngineStats
 from gateway.access.auth import principal_of, reserve_tokens
 from gateway.backends.base import Answered, AnyRequest
 from gateway.backends.fleet.batch import execute_routed
@@ -42,7 +40,9 @@ from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.state import Gateway
+from shared.block_hash import salt_key
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
+from shared.engine_types import EngineStats
 from shared.forwarded_path import forwarded_path
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 

@@ -18,7 +18,7 @@ from cloud.bench.longctx_data import (
     make_case,
 )
 from cloud.model.chat_template import ChatTemplate
-from cloud.model.gguf_loader import load_gguf_tokenizer
+from cloud.model.gguf_vocab import load_gguf_tokenizer
 from cloud.model.tokenizer import Tokenizer
 
 ANSWER_TOKENS = 12

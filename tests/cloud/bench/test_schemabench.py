@@ -104,7 +104,7 @@ def test_schemas_are_read_as_json_schema_and_compact_enum_spelling_is_told_apart
 def test_matcher_is_fed_the_tokenizers_tokens(tok: Tokenizer) -> None:
     bench = Bench(tok)
     check_schema(PERSON, "schema")
-    from cloud.grammar.spec import GrammarSpec
+    from shared.grammar_spec import GrammarSpec
 
     grammar = bench.compiler.compile(GrammarSpec.json_schema(PERSON))
     assert len(tok.encode('{"name": "Zoë 東京", "age": 3}')) > 3

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
+from cloud.engine.sampler import Sampler, SamplingBatch
+from shared.engine_types import SampleResult
 
 
 class RecordingSampler(Sampler):

@@ -5,8 +5,9 @@ sampled token."""
 from __future__ import annotations
 
 from cloud.engine.block_pool import BlockPool
-from cloud.engine.request import FinishReason, Request, SamplingParams
+from cloud.engine.request import FinishReason, Request
 from cloud.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, TokenEvent
+from shared.engine_types import SamplingParams
 
 BS = 4
 TOKEN = 99  # what the simulated model samples unless a test says otherwise

@@ -14,9 +14,9 @@ import torch
 
 from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
-from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
+from cloud.engine.sampler import Sampler, SamplingBatch
 from kernels.cpu.paged_attention import available as cpu_kernels_available
+from shared.engine_types import SampleResult, SamplingParams
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BASE = EngineConfig(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cloud.engine.request import SamplingParams
 from cloud.engine.sampler import (
     Sampler,
     SampleRow,
@@ -16,6 +15,7 @@ from cloud.engine.sampler import (
     apply_penalties,
     exponential_noise,
 )
+from shared.engine_types import SamplingParams
 
 
 def _row(rid: str, tokens: list[int] | None = None, prompt: int = 0, **params: object) -> SampleRow:

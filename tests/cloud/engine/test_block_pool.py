@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.engine.block_pool import BlockPool, hash_block
+from cloud.engine.block_pool import BlockPool
+from shared.block_hash import hash_block
 
 H0 = hash_block(None, [1, 2, 3, 4])
 H1 = hash_block(H0, [5, 6, 7, 8])

@@ -16,11 +16,10 @@ import xgrammar as xgr
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.output import RequestOutput
-from cloud.engine.request import SamplingParams
-from cloud.grammar.spec import GrammarSpec
 from cloud.model.loading import LoadedModel
+from shared.engine_types import RequestOutput, SamplingParams
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 
 CONFIG = EngineConfig(dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_model_len=1024)
 

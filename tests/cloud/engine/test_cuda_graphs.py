@@ -11,7 +11,7 @@ from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.cuda_graphs import CudaGraphs
 from cloud.engine.kv_cache import KVCache
-from cloud.engine.request import SamplingParams
+from shared.engine_types import SamplingParams
 
 
 class _EagerReplay:

@@ -11,8 +11,8 @@ import pytest
 from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.loading import load_model
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError, QueueFullError
 
 CONFIG = EngineConfig(dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_model_len=1024)

@@ -21,12 +21,12 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.gguf_loader import _dequantize, read_config
 from cloud.model.kquants import KQUANTS
 from cloud.model.loading import LoadedModel, load_gguf_model
 from cloud.model.registry import GEMMA3_270M
 from cloud.model.weights import ModelWeights
+from shared.engine_types import SamplingParams
 
 from .recording import RecordingSampler
 

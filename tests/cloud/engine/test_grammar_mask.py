@@ -10,7 +10,8 @@ import torch
 import xgrammar as xgr
 
 from cloud.engine.grammar_mask import GrammarMasks, allowed_tokens
-from cloud.engine.request import Request, SamplingParams
+from cloud.engine.request import Request
+from shared.engine_types import SamplingParams
 
 VOCAB = [chr(i) for i in range(32, 127)] + [""]  # printable ASCII, one char a token; then the stop token
 EOS = len(VOCAB) - 1

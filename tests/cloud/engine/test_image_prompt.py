@@ -9,9 +9,10 @@ import pytest
 from cloud.engine.block_pool import BlockPool
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.image_text import render_image
 from cloud.engine.kv_manager import KVManager
-from cloud.engine.request import ImageSpan, Request, SamplingParams
+from cloud.engine.request import Request
+from cloud.text.image_text import render_image
+from shared.engine_types import ImageSpan, SamplingParams
 from shared.image_features import ImageFeatures, ImageLabel
 
 CONFIG = EngineConfig(dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_model_len=1024)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from cloud.engine.input_batch import InputBatch
-from cloud.engine.request import SamplingParams
 from cloud.engine.scheduler import NewRequestData
+from shared.engine_types import SamplingParams
 
 
 def _new(tokens: tuple[int, ...] = (1, 2, 3), sliding: bool = False, **params: object) -> NewRequestData:

@@ -10,9 +10,9 @@ import jsonschema_rs
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.grammar.llg_engine import LlgGrammar
-from cloud.grammar.spec import GrammarSpec
+from shared.engine_types import SamplingParams
+from shared.grammar_spec import GrammarSpec
 
 CONFIG = EngineConfig(dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_model_len=1024)
 # patternProperties and a pattern beside lengths: llguidance's

@@ -11,8 +11,8 @@ import torch
 
 from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.rope import scaled_context
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 
 BASE = EngineConfig(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cloud.engine.overflow import OverflowPolicy
-from cloud.engine.request import SamplingParams
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 
 

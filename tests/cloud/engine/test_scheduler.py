@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from cloud.engine.request import FinishReason, Request, RequestStatus
+from shared.engine_types import SamplingParams
 from shared.errors import QueueFullError
 
 from .scheduler_sim import TOKEN, events, make, plan, ref_counts, req, step

@@ -3,8 +3,8 @@ finishing (abort, length, stop) and n > 1 siblings sharing a prompt, with exact 
 
 from __future__ import annotations
 
-from cloud.engine.block_pool import hash_block
 from cloud.engine.request import FinishReason, RequestStatus
+from shared.block_hash import hash_block
 
 from .scheduler_sim import TOKEN, events, make, plan, ref_counts, req, run_to_end, step
 

@@ -10,9 +10,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from cloud.engine.block_pool import BlockPool, hash_block
-from cloud.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from cloud.engine.block_pool import BlockPool
+from cloud.engine.request import FinishReason, Request, RequestStatus
 from cloud.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from shared.block_hash import hash_block
+from shared.engine_types import SamplingParams
 from shared.errors import QueueFullError
 
 BS = 4

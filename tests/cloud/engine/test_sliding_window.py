@@ -13,10 +13,11 @@ from cloud.engine.block_pool import BlockPool
 from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.kv_cache import KVCache
-from cloud.engine.request import FinishReason, Request, SamplingParams
+from cloud.engine.request import FinishReason, Request
 from cloud.engine.scheduler import Scheduler, SchedulerConfig
 from cloud.model.config import ModelConfig
 from cloud.model.rope import RotaryEmbedding
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError
 
 BS, HEADS, KV_HEADS, DIM = 4, 4, 2, 16

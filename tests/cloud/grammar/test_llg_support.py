@@ -18,9 +18,9 @@ import pytest
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.grammar.llg_engine import LlgGrammar
 from cloud.grammar.schema_support import LLG_ENFORCED, LLG_FORMATS, check_schema
-from cloud.grammar.spec import GrammarSpec
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 
 from .matching import accepts
 

@@ -19,9 +19,9 @@ import pytest
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.grammar.negation import negated
 from cloud.grammar.schema_support import Engine, check_schema
-from cloud.grammar.spec import GrammarSpec
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
 
 from .matching import accepts
 

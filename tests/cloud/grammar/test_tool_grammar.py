@@ -8,9 +8,9 @@ import json
 import pytest
 import xgrammar as xgr
 
-from cloud.grammar.spec import GrammarSpec
 from cloud.grammar.tool_calls import CALL_SEPARATOR, CALL_SUFFIX, ParsedCall, call_prefix, parse_tool_calls
 from cloud.grammar.tool_grammar import tool_call_structural_tag
+from shared.grammar_spec import GrammarSpec
 
 VOCAB = [chr(i) for i in range(32, 127)] + ["\n", ""]
 EOS = len(VOCAB) - 1

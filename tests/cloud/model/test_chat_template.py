@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cloud.model.chat_template import CHATML_TEMPLATE, ChatTemplate, default_chat_template
-from cloud.model.gguf_loader import GGUFTokenizerData, load_gguf_tokenizer
+from cloud.model.gguf_vocab import GGUFTokenizerData, load_gguf_tokenizer
 from shared.errors import InvalidRequestError, ModelLoadError
 
 TWO_TURNS = [

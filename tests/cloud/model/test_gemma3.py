@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud.model.loading import _resolve
 from cloud.model.registry import GEMMA3_270M, known_model, model_path
+from cloud.model.text_side import resolve_model as _resolve
 
 
 def test_gemma_is_known_by_its_name_and_its_package_name() -> None:

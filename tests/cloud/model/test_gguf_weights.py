@@ -9,10 +9,10 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
-from cloud.engine.sampler import Sampler, SampleResult, SamplingBatch
+from cloud.engine.sampler import Sampler, SamplingBatch
 from cloud.model.linear import Kernel, WeightPlan, plan_weights
 from kernels.cpu.gguf_matmul import available, dequantize_reference
+from shared.engine_types import SampleResult, SamplingParams
 
 pytestmark = pytest.mark.skipif(not available(), reason="the C++ GGUF kernels could not be built here")
 

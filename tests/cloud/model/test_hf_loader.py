@@ -10,8 +10,8 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.request import SamplingParams
 from cloud.model.loading import load_model
+from shared.engine_types import SamplingParams
 from shared.errors import ModelLoadError
 
 

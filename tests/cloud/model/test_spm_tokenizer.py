@@ -17,7 +17,7 @@ import pytest
 
 from cloud.model.chat_template import ChatTemplate, default_chat_template
 from cloud.model.detokenizer import IncrementalDecoder
-from cloud.model.gguf_loader import GGUFTokenizerData, read_tokenizer_data
+from cloud.model.gguf_vocab import GGUFTokenizerData, read_tokenizer_data
 from cloud.model.tokenizer import Tokenizer
 from shared.errors import ModelLoadError
 

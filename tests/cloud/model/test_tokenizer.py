@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cloud.model.gguf_loader import GGUFTokenizerData, load_gguf_tokenizer
+from cloud.model.gguf_vocab import GGUFTokenizerData, load_gguf_tokenizer
 from cloud.model.tokenizer import Tokenizer, _pre_tokenizer
 from shared.errors import ModelLoadError
 

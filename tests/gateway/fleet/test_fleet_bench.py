@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cloud.model.loading import load_text_side
+from cloud.model.text_side import load_text_side
 from gateway.bench.fleet_bench import POLICIES, FleetBenchOptions, run
 from gateway.bench.fleet_workload import workload
 

@@ -11,8 +11,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from cloud.serving.in_process import InProcessBackend
 from gateway.access.keys import KeyLimits, KeyStore
-from gateway.backends.engine import InProcessBackend
 from gateway.backends.fleet.config import BackendSpec, FleetConfig
 
 from ..conftest import MODEL

@@ -17,9 +17,9 @@ import openai
 import pytest
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from gateway.backends.engine import InProcessBackend
+from cloud.serving.in_process import InProcessBackend
+from ctxfuse.engine_serve import worker_engine
 from gateway.backends.fleet.config import BackendSpec, FleetConfig
-from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer, build_server
 
@@ -75,7 +75,7 @@ class Stack:
 
 def _start_worker(backend: InProcessBackend, data_dir: Path, seen: Seen) -> GatewayServer:
     config = GatewayConfig(port=0, max_body_bytes=2**20, data_dir=data_dir, api_key=WORKER_KEY)
-    server = build_server(backend, config, announce=False, worker=WorkerEngine.of(backend.engine.core))
+    server = build_server(backend, config, announce=False, worker=worker_engine(backend))
     server.config.app = Recorder(server.config.app, seen)  # before run(), which loads it
     thread = threading.Thread(target=server.run, name="traversal-worker", daemon=True)
     thread.start()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import msgspec
 
-from cloud.engine.block_pool import hash_block
-from cloud.model.loading import load_text_side
-from gateway.backends.engine import InProcessBackend
+from cloud.model.text_side import load_text_side
+from cloud.serving.in_process import InProcessBackend
 from gateway.backends.fleet.keys import TEXT_CHUNK_CHARS, KeyMaker
 from gateway.openai import chat, structured
+from shared.block_hash import hash_block
 from shared.protocol import ChatCompletionRequest
 
 

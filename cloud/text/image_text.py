@@ -11,9 +11,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from shared.engine_types import ImageSpan
 from shared.image_features import ImageFeatures
-
-from .request import ImageSpan
 
 
 def render_image(f: ImageFeatures) -> str:

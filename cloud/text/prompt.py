@@ -10,9 +10,9 @@ from typing import Any
 from cloud.grammar.tool_prompt import messages_with_tools, template_messages, template_takes_tools
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
+from shared.engine_types import ChatPrompt
 
 from .image_text import flatten_content, locate_images
-from .request import ChatPrompt
 
 
 def render_chat_prompt(

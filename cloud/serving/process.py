@@ -18,12 +18,10 @@ import threading
 from typing import Any
 
 import msgspec
+import numpy as np
 import structlog
-import torch
 
 from cloud.engine.config import EngineConfig
-from cloud.engine.core import EngineStats
-from cloud.engine.embedding import Pooling
 from cloud.engine.engine_process import (
     AbortMsg,
     AddMsg,
@@ -36,10 +34,9 @@ from cloud.engine.engine_process import (
     StartupFailed,
     engine_main,
 )
-from cloud.engine.output import RequestOutput
 from cloud.engine.output_stream import OutputStream
-from cloud.engine.prompt import render_chat_prompt
-from cloud.engine.request import ChatPrompt, ImageSpan, SamplingParams
+from cloud.text.prompt import render_chat_prompt
+from shared.engine_types import ChatPrompt, EngineStats, ImageSpan, Pooling, RequestOutput, SamplingParams
 from shared.errors import CtxfuseError, EngineDeadError, InvalidRequestError, ModelLoadError
 
 log = structlog.get_logger("ctxfuse.engine")
@@ -99,7 +96,7 @@ class ProcessBackend:
         self.tokenizer, self.chat_template = hello.tokenizer, hello.chat_template
         self._streams: dict[str, _Stream] = {}
         # embedding jobs sent and not yet answered: where their caller waits
-        self._embeds: dict[str, asyncio.Future[torch.Tensor | CtxfuseError]] = {}
+        self._embeds: dict[str, asyncio.Future[np.ndarray | CtxfuseError]] = {}
         self._lock = threading.Lock()  # the stream table and the pipe's sending end
         self._encode = msgspec.msgpack.Encoder().encode
         self._error: str | None = None  # why the engine process is gone, once it is
@@ -169,8 +166,8 @@ class ProcessBackend:
             raise refusal.error()
         return stream
 
-    async def embed(self, inputs: list[list[int]], pooling: Pooling, request_id: str) -> torch.Tensor:
-        answer: asyncio.Future[torch.Tensor | CtxfuseError] = asyncio.get_running_loop().create_future()
+    async def embed(self, inputs: list[list[int]], pooling: Pooling, request_id: str) -> np.ndarray:
+        answer: asyncio.Future[np.ndarray | CtxfuseError] = asyncio.get_running_loop().create_future()
         with self._lock:
             if self._error is not None:
                 raise EngineDeadError(self._error)
@@ -285,7 +282,7 @@ class ProcessBackend:
             _call_soon(stream.loop, _run_all, [(stream.on_accepted, refusal), (stream.fail, reason)])
 
 
-def _answer(waiting: asyncio.Future[torch.Tensor | CtxfuseError], out: torch.Tensor | CtxfuseError) -> None:
+def _answer(waiting: asyncio.Future[np.ndarray | CtxfuseError], out: np.ndarray | CtxfuseError) -> None:
     if not waiting.done():
         waiting.set_result(out)
 

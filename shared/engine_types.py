@@ -1,0 +1,144 @@
+"""The types that cross the seam between the gateway and an engine, torch-free: what a request asks
+for (SamplingParams, the prompt's image spans), what comes back for it (RequestOutput, each token's
+SampleResult), and the engine's figures (EngineStats). The gateway, the fleet router and the engine
+process's pipe all speak these; none of them needs torch, the model code or a grammar engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shared.errors import InvalidRequestError
+from shared.grammar_spec import GrammarSpec
+
+# how an embedding is pooled over its positions (cloud/engine/embedding.py)
+Pooling = Literal["mean", "last"]
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) means off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # multiplicative, over prompt and output (HF semantics)
+    presence_penalty: float = 0.0  # additive, over output tokens (OpenAI semantics)
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)  # stop strings; the stop text is not returned
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's plus the top k
+    prompt_logprobs: int | None = None  # the same for every prompt token (computes the whole prompt)
+    n: int = 1
+    grammar: GrammarSpec | None = None  # the output must follow this grammar (JSON schema, tool calls)
+    # also report each chosen token's logprob under the grammar-masked distribution
+    constrained_logprobs: bool = False
+    # partitions the prefix cache: cached blocks are reused only by requests with the same salt (the
+    # gateway sets the caller's tenant, so one tenant's hits never reveal another's prompts)
+    cache_salt: str | None = None
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError naming the first bad field."""
+        if self.temperature > 2:  # as OpenAI refuses it: sampling past 2 is noise
+            raise InvalidRequestError(
+                "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got "
+                f"{self.temperature:g} instead.",
+                param="temperature",
+                code="decimal_above_max_value",
+            )
+        checks = [
+            (self.max_tokens >= 1, "max_tokens", "must be at least 1"),
+            (self.temperature >= 0, "temperature", "must be >= 0"),
+            (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
+            (self.top_k >= -1, "top_k", "must be -1, 0 (off) or positive"),
+            (0 <= self.min_p <= 1, "min_p", "must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty", "must be > 0"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "top_logprobs", "must be in [0, 20]"),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "logprobs",
+                "must be in [0, 20]",
+            ),
+            (1 <= self.n <= 16, "n", "must be in [1, 16]"),
+            (len(self.stop) <= 16 and all(self.stop), "stop", "at most 16 non-empty strings"),
+        ]
+        for ok, param, why in checks:
+            if not ok:
+                raise InvalidRequestError(f"{param} {why}", param=param)
+        for param, ids in (("logit_bias", list(self.logit_bias)), ("stop_token_ids", self.stop_token_ids)):
+            if any(not 0 <= tid < vocab_size for tid in ids):
+                raise InvalidRequestError(f"{param} names a token id outside the vocabulary", param=param)
+        if any(not -100 <= b <= 100 for b in self.logit_bias.values()):
+            raise InvalidRequestError("logit_bias values must be in [-100, 100]", param="logit_bias")
+        if self.grammar is not None and self.ignore_eos:
+            # the grammar allows only the end-of-turn token once it is complete: nothing could follow
+            raise InvalidRequestError(
+                "ignore_eos cannot be combined with structured output", param="ignore_eos"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """Prompt tokens [start, end) that stand for one image; its content hash enters the hash of every
+    block they touch, so equal text from different images never shares KV blocks."""
+
+    start: int
+    end: int
+    digest: bytes  # the image's sha256
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    token_ids: list[int]
+    image_spans: tuple[ImageSpan, ...] = ()
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_id: int
+    logprob: float | None = None  # of the chosen token, when logprobs were asked for
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    constrained_logprob: float | None = None  # under the grammar-masked distribution, when asked
+    rejected: bool = False  # the request's grammar refused the token: the request must end in error
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str  # the id the caller submitted (shared by its n > 1 choices)
+    index: int  # which of the n choices
+    text: str  # new text since the previous output of this choice
+    token_ids: list[int]  # new tokens
+    logprobs: list[SampleResult] = field(default_factory=list)  # one per new token, when asked
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    num_truncated_tokens: int = 0  # prompt tokens dropped to fit the context (truncate_middle)
+    # with the first output, when asked: one entry per prompt token (the first has no logprob)
+    prompt_logprobs: list[SampleResult] | None = None
+    queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_blocks: int
+    kv_usage: float
+    kv_bytes_per_token: float
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    grammar_cache_hits: int = 0
+    grammar_cache_misses: int = 0  # grammars compiled

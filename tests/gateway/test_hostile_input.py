@@ -1,0 +1,123 @@
+"""Hostile and careless input meets a clear 400 at the front, in OpenAI's shape and with a code a
+client can branch on: a body nested past the decoder's depth, a temperature OpenAI would refuse, an
+unknown field, a grammar that cannot compile (refused before any token is decoded), and token ids
+as embeddings input on a server that refuses them. Never a 500."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from cloud.serving.in_process import InProcessBackend
+
+from .conftest import GATEWAY, MODEL, Served, run_in_thread
+
+USER = [{"role": "user", "content": "Say hi."}]
+
+
+def post(url: str, path: str, body: bytes | dict[str, object]) -> httpx.Response:
+    if isinstance(body, dict):
+        return httpx.post(f"{url}{path}", json=body, timeout=60)
+    return httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"}, timeout=60)
+
+
+def error_of(resp: httpx.Response, status: int = 400) -> dict[str, object]:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error"
+    assert error["code"], f"a 400 without a code: {error}"
+    return error
+
+
+@pytest.mark.parametrize("depth", [200, 5_000, 30_000])
+def test_a_schema_nested_thousands_deep_is_a_400_naming_the_limit(served: Served, depth: int) -> None:
+    schema = b'{"type":"array","items":' * depth + b'{"type":"string"}' + b"}" * depth
+    body = (
+        b'{"model":"' + MODEL.encode() + b'","messages":[{"role":"user","content":"hi"}],'
+        b'"response_format":{"type":"json_schema","json_schema":{"name":"deep","schema":' + schema + b"}}}"
+    )
+    error = error_of(post(served.url, "/v1/chat/completions", body))
+    assert error["code"] == "nesting_too_deep" and "at most 128" in str(error["message"])
+
+
+def test_a_deep_but_reasonable_body_still_decodes(served: Served) -> None:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(20):
+        schema = {"type": "array", "items": schema, "maxItems": 1}
+    body = {
+        "model": MODEL,
+        "messages": USER,
+        "max_tokens": 4,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}},
+    }
+    assert post(served.url, "/v1/chat/completions", body).status_code == 200
+
+
+@pytest.mark.parametrize("temperature", [2.01, 3, 100])
+def test_a_temperature_above_2_is_refused_as_openai_refuses_it(served: Served, temperature: float) -> None:
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2, "temperature": temperature}
+    error = error_of(post(served.url, "/v1/chat/completions", body))
+    assert (error["param"], error["code"]) == ("temperature", "decimal_above_max_value")
+    assert "Expected a value <= 2" in str(error["message"])
+    completion = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": temperature}
+    assert error_of(post(served.url, "/v1/completions", completion))["code"] == "decimal_above_max_value"
+
+
+def test_temperature_2_itself_is_taken(served: Served) -> None:
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2, "temperature": 2}
+    assert post(served.url, "/v1/chat/completions", body).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"model": MODEL, "messages": USER, "bogus": 1}, "unknown_parameter", "bogus"),
+        ({"model": MODEL, "messages": USER, "audio": {}}, "unsupported_parameter", "audio"),
+        ({"model": MODEL, "messages": USER, "max_tokens": "5"}, "invalid_type", "max_tokens"),
+        ({"messages": USER}, "missing_required_parameter", "model"),
+        ({"model": MODEL, "messages": USER, "top_p": 7}, "invalid_value", "top_p"),
+        (b"{not json", "invalid_json", None),
+        (b"", "invalid_json", None),
+    ],
+)
+def test_every_400_carries_a_code(
+    served: Served, body: bytes | dict[str, object], code: str, param: str
+) -> None:
+    error = error_of(post(served.url, "/v1/chat/completions", body))
+    assert (error["code"], error["param"]) == (code, param)
+
+
+@pytest.mark.parametrize(
+    ("field", "source", "code"),
+    [
+        ("guided_regex", "(ab", "invalid_regex"),
+        ("guided_grammar", "root ::= undefined_rule", "invalid_grammar"),
+        ("guided_grammar", 'start ::= "a"', "invalid_grammar"),
+    ],
+)
+def test_a_grammar_that_cannot_compile_is_a_400_before_decoding(
+    served: Served, field: str, source: str, code: str
+) -> None:
+    body = {"model": MODEL, "messages": USER, "max_tokens": 4, field: source}
+    error = error_of(post(served.url, "/v1/chat/completions", body))
+    assert (error["code"], error["param"]) == (code, field)
+    streamed = post(served.url, "/v1/chat/completions", {**body, "stream": True})  # refused, not streamed
+    assert error_of(streamed)["code"] == code
+
+
+def test_token_ids_as_embeddings_input_are_taken_by_default_and_refusable(
+    served: Served, backend: InProcessBackend
+) -> None:
+    ids = {"model": MODEL, "input": [[1, 2, 3], [4, 5]]}
+    assert post(served.url, "/v1/embeddings", ids).status_code == 200
+    strict = run_in_thread(backend, replace(GATEWAY, embedding_token_ids=False))
+    try:
+        for given in ([[1, 2, 3]], [1, 2, 3]):
+            error = error_of(post(strict.url, "/v1/embeddings", {"model": MODEL, "input": given}))
+            assert (error["code"], error["param"]) == ("token_ids_not_accepted", "input")
+        text = post(strict.url, "/v1/embeddings", {"model": MODEL, "input": ["a sentence"]})
+        assert text.status_code == 200 and len(text.json()["data"]) == 1
+    finally:
+        strict.stop()
