@@ -22,20 +22,24 @@ $(STAMP): pyproject.toml constraints.txt $(LOCK)
 
 # Regenerate the locks from pyproject.toml's ranges (requirements/README.md): pins already in a lock
 # stay unless pyproject.toml rules them out; `make lock UPGRADE=--upgrade` takes the newest of
-# everything. The edge lock is resolved within the full one, so a device runs the cloud's versions.
+# everything. The edge and router locks are resolved within the full one, so a device and a router
+# run the cloud's versions.
 LOCK_TOOL := .venv-lock
 UPGRADE   ?=
 COMPILE   := $(LOCK_TOOL)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--no-emit-index-url --no-emit-find-links --no-header $(UPGRADE) -c constraints.txt
 EDGE_LOCK := requirements/edge.lock
+ROUTER_LOCK := requirements/router.lock
 lock:
 	test -x $(LOCK_TOOL)/bin/pip-compile || ($(PY) -m venv $(LOCK_TOOL) && \
 		$(LOCK_TOOL)/bin/pip install -q pip-tools==7.6.2)
-	cp $(LOCK) $(LOCK).tmp && cp $(EDGE_LOCK) $(EDGE_LOCK).tmp
+	cp $(LOCK) $(LOCK).tmp && cp $(EDGE_LOCK) $(EDGE_LOCK).tmp && cp $(ROUTER_LOCK) $(ROUTER_LOCK).tmp
 	$(COMPILE) --extra cloud --extra edge --extra bench --extra test -o $(LOCK).tmp pyproject.toml
 	$(PY) requirements/finish_lock.py $(LOCK).tmp ctxfuse && mv $(LOCK).tmp $(LOCK)
 	$(COMPILE) --extra edge -c $(LOCK) -o $(EDGE_LOCK).tmp pyproject.toml
 	$(PY) requirements/finish_lock.py $(EDGE_LOCK).tmp ctxfuse && mv $(EDGE_LOCK).tmp $(EDGE_LOCK)
+	$(COMPILE) --extra router -c $(LOCK) -o $(ROUTER_LOCK).tmp pyproject.toml
+	$(PY) requirements/finish_lock.py $(ROUTER_LOCK).tmp ctxfuse && mv $(ROUTER_LOCK).tmp $(ROUTER_LOCK)
 
 model: $(STAMP)
 	$(BIN)/ctxfuse models fetch

@@ -298,7 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     named = [a for a in argv if not a.startswith("-")][:1]  # the command run (none for --help)
     try:
         args = build_parser(named).parse_args(argv)
-        return int(args.func(args))
+        try:
+            return int(args.func(args))
+        except ModuleNotFoundError as exc:  # e.g. `serve` with an engine in a router's environment
+            if (exc.name or "").split(".")[0] in _OURS:
+                raise
+            raise MissingExtra(next(c for c in COMMANDS if c.name == args.command), exc.name or "?") from exc
     except KeyboardInterrupt:
         return 130
     except MissingExtra as exc:

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from cloud.engine.config import EngineConfig
+from cloud.model.text_side import describe_text_side
 from cloud.serving.in_process import InProcessBackend
 from cloud.serving.process import ProcessBackend
 from gateway.app import require_worker_key
-from gateway.backends.base import Upstream
 from gateway.backends.local import EngineUpstream
 from gateway.backends.models import ModelsUpstream
 from gateway.backends.worker import WorkerEngine
@@ -24,13 +24,15 @@ from gateway.config import GatewayConfig
 from gateway.ops.logs import configure_logging
 from gateway.server import open_chunk_store, run_servers, server_for
 from gateway.state import Gateway
+from gateway.upstream import Upstream
 from shared.errors import CtxfuseError
 
 
-def worker_engine(backend: InProcessBackend) -> WorkerEngine:
-    """What a worker's internal routes read from its engine (the block events of its prefix cache)."""
-    core = backend.engine.core
-    return WorkerEngine(core.kv_plan.block_size, core.config.max_num_seqs, core.block_events)
+def worker_engine(backend: InProcessBackend | ProcessBackend) -> WorkerEngine:
+    """What a worker's internal routes read from its engine: the block events of its prefix cache
+    (the core's own, or the mirror the engine process's batches keep), and its text side."""
+    text = describe_text_side(backend.model_name, backend.tokenizer, backend.chat_template)
+    return WorkerEngine(backend.block_size, backend.max_num_seqs, backend.block_events, text)
 
 
 def serve(
@@ -60,12 +62,8 @@ def serve(
     try:
         for c in configs:
             print(f"ctxfuse: loading the model {c.model or ''} ...", file=sys.stderr, flush=True)
-            backend: InProcessBackend | ProcessBackend
-            if worker or not config.engine_process:  # a worker's routes read the core's block events
-                backend = InProcessBackend.from_config(c)
-                engine = worker_engine(backend) if worker else None
-            else:
-                backend = ProcessBackend(c)
+            backend = ProcessBackend(c) if config.engine_process else InProcessBackend.from_config(c)
+            engine = worker_engine(backend) if worker else None
             backends.append(backend)
             for line in backend.describe:
                 print(f"ctxfuse: {line}", file=sys.stderr, flush=True)

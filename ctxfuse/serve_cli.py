@@ -58,7 +58,6 @@ def check_tls_options(args: argparse.Namespace) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ctxfuse.edge_cli import check_edge_listener
-    from ctxfuse.engine_serve import serve
     from ctxfuse.fleet_cli import fleet_config
     from ctxfuse.vision_cli import ensure_vision_files, vision_options
 
@@ -90,8 +89,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
         # the router names prompt blocks with one model's tokenizer and template
         return serve_fleet(fleet, gateway, engine_config(args).model, args.chat_template)
+    from ctxfuse.engine_serve import serve  # the engine: torch and the model code, never for a router
+
     ensure_vision_files()
     return serve(engine_configs(args), gateway, aliases=dict(args.alias or []))
+
+
+def add_engine_process_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="step the engine on a thread of the gateway's process instead of in a process of its own "
+        "(the default: the HTTP side and the engine then never wait on one GIL)",
+    )
 
 
 def add_gateway_options(p: argparse.ArgumentParser) -> None:
@@ -200,12 +210,7 @@ def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     from ctxfuse.vision_cli import add_image_options
 
     add_gateway_options(sv)
-    sv.add_argument(
-        "--engine-in-process",
-        action="store_true",
-        help="step the engine on a thread of the gateway's process instead of in a process of its own "
-        "(the default: the HTTP side and the engine then never wait on one GIL)",
-    )
+    add_engine_process_option(sv)
     add_edge_listener_options(sv)
     add_batch_options(sv)
     add_image_options(sv)

@@ -1,4 +1,4 @@
-"""The gateway as an ASGI app, one for every upstream (an engine or the fleet, backends/base.py):
+"""The gateway as an ASGI app, one for every upstream (an engine or the fleet, gateway/upstream.py):
 Litestar routes inside the API-key check, inside request observation.
 
 Observe (request id, log line, http metrics) -> Authenticate (who calls: a tenant's key, the

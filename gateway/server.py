@@ -19,11 +19,11 @@ import uvicorn
 
 from cloud.model.registry import cache_dir
 from gateway.app import create_app
-from gateway.backends.engine import Backend
 from gateway.backends.local import engine_gateway
 from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
+from gateway.seam import Backend
 from gateway.state import Gateway
 from shared import conn_limits
 from shared.draining import DrainingServer

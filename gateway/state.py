@@ -9,11 +9,11 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway.access.limits import RateLimiter
-from gateway.backends.base import Upstream
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
 from gateway.errors import ServiceUnavailableError
 from gateway.ops.metrics import Metrics
+from gateway.upstream import Upstream
 from shared.errors import EngineDeadError
 
 if TYPE_CHECKING:

@@ -1,6 +1,8 @@
 """What a `ctxfuse worker` tells the gateway that routes to it (internal routes, never OpenAI's).
 
 - `GET /internal/v1/state` (JSON): the worker's load and how its prefix cache names blocks.
+- `GET /internal/v1/text-side` (msgpack): the model's tokenizer and chat template, so a router that
+  holds no model file names prompt blocks exactly as the worker does.
 - `GET /internal/v1/blocks?epoch=E&since=N` (msgpack): the prefix-cache blocks stored and evicted
   since event N. A gateway that asks with another epoch (the worker restarted) or with an event the
   worker no longer keeps gets `reset: true` and, in `stored`, every block the worker holds now.
@@ -43,3 +45,17 @@ class BlockEvents(Struct, kw_only=True):
     stored: list[bytes]  # block hashes that entered the prefix cache
     evicted: list[bytes]  # block hashes that left it
     next_event: int  # ask with since=next_event for what follows
+
+
+class TextSide(Struct, kw_only=True):
+    """A model's tokenizer and chat template, as a worker serves them to its router."""
+
+    model: str  # the served model name
+    tokenizer_json: str  # the `tokenizers` library's own serialization of the vocabulary and rules
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    add_eos: bool
+    template: str  # the Jinja chat template the worker renders with (its --chat-template, if given)
+    bos_token: str
+    eos_token: str

@@ -41,7 +41,12 @@ def requirements(*extras: str) -> list[Requirement]:
 
 
 @pytest.mark.parametrize(
-    ("lock", "extras"), [("all.lock", ("edge", "cloud", "bench", "test")), ("edge.lock", ("edge",))]
+    ("lock", "extras"),
+    [
+        ("all.lock", ("edge", "cloud", "bench", "test")),
+        ("edge.lock", ("edge",)),
+        ("router.lock", ("edge", "router")),
+    ],
 )
 def test_every_dependency_is_pinned_within_its_range(lock: str, extras: tuple[str, ...]) -> None:
     pinned = pins(lock)
@@ -51,7 +56,8 @@ def test_every_dependency_is_pinned_within_its_range(lock: str, extras: tuple[st
         assert r.specifier.contains(version, prereleases=True), f"{lock} pins {r.name} {version}, outside {r}"
 
 
-def test_the_edge_lock_runs_the_full_locks_versions_without_the_cloud_side() -> None:
-    full, edge = pins("all.lock"), pins("edge.lock")
-    assert {name: v for name, v in edge.items() if full.get(name) != v} == {}
-    assert not {"torch", "transformers", "xgrammar", "triton"} & set(edge)
+@pytest.mark.parametrize("lock", ["edge.lock", "router.lock"])
+def test_the_edge_and_router_locks_run_the_full_locks_versions_without_the_engine(lock: str) -> None:
+    full, part = pins("all.lock"), pins(lock)
+    assert {name: v for name, v in part.items() if full.get(name) != v} == {}
+    assert not {"torch", "transformers", "xgrammar", "triton", "gguf", "accelerate"} & set(part)

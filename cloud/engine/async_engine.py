@@ -117,11 +117,11 @@ class AsyncEngine:
         image_spans: tuple[ImageSpan, ...] = (),
     ) -> str:
         """Queue a request; `sink` receives its outputs on the engine thread. Raises the client's
-        mistake (or QueueFullError, or EngineDeadError) here, before any work. `grammar`:
+        mistake (or QueueFullError, or EngineDeadError) here, before any work: the core's admission
+        (the one check behind the gateway's) refuses it on the engine thread. `grammar`:
         params.grammar compiled; compiled here, on the caller's thread, when not given (never on the
         engine thread)."""
         rid = request_id or self.core.next_request_id()
-        self.core.check(prompt_token_ids, params)
         if grammar is None:
             grammar = self.core.compile_grammar(params)
         done = threading.Event()

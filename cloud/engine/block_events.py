@@ -6,6 +6,8 @@ order, so a router elsewhere can keep its own copy of what this engine holds.
   lookup of it would find a block.
 - HTTP threads read: `since` answers from this log's own copy (the held set and a bounded deque of
   recent events), never from the pool's dict, under one lock that each write takes once.
+- A log may mirror another process's (`apply`): the engine process sends its changes with each batch,
+  and the worker's HTTP side answers its router from the mirror, with the mirror's own epoch.
 - Event n is the n-th write since construction. The log keeps the last `capacity` events; a reader
   whose cursor is older than that, from the future, or from another `epoch` (another process) gets a
   reset: every hash held now.
@@ -51,6 +53,25 @@ class BlockEventLog:
             self._held.discard(block_hash)
             self._events.append((block_hash, False))
             self._next += 1
+
+    def apply(self, changes: BlockEvents) -> None:
+        """Follow another log's changes (its `since`); its reset becomes the evictions and stores
+        that turn what this log holds into what that one holds."""
+        with self._lock:
+            if changes.reset:
+                now = set(changes.stored)
+                gone = [h for h in self._held if h not in now]
+                new = [h for h in changes.stored if h not in self._held]
+                evicted, stored = gone, new
+            else:
+                evicted, stored = changes.evicted, changes.stored
+            for block_hash in evicted:
+                self._held.discard(block_hash)
+                self._events.append((block_hash, False))
+            for block_hash in stored:
+                self._held.add(block_hash)
+                self._events.append((block_hash, True))
+            self._next += len(evicted) + len(stored)
 
     def held(self) -> set[BlockHash]:
         """A copy of the hashes held now."""

@@ -38,6 +38,7 @@ from shared.errors import (
     NotFoundError,
     QueueFullError,
 )
+from shared.fleet_protocol import BlockEvents
 
 from .admission import Admission
 from .async_engine import AsyncEngine
@@ -138,6 +139,9 @@ class Batch(msgspec.Struct, array_like=True):
     outputs: list[RequestOutput]
     stats: EngineStats
     embedded: list[Embedded] = msgspec.field(default_factory=list)
+    # the prefix cache's changes since the previous batch, for the gateway's mirror (a worker's
+    # router reads it); None when nothing changed
+    blocks: BlockEvents | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +155,8 @@ class Hello:
     hidden_size: int  # the width of an embedding
     describe: tuple[str, ...]  # the lines `serve` prints at start-up
     stats: EngineStats
+    block_size: int  # tokens per KV block: how the prefix cache's hashes chain
+    max_num_seqs: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +184,8 @@ def engine_main(config: EngineConfig, conn: Connection) -> None:
         core.model_config.hidden_size,
         lines,
         core.stats(),
+        core.kv_plan.block_size,
+        core.config.max_num_seqs,
     )
     conn.send(hello)
     EngineServer(core, conn).run()
@@ -197,6 +205,8 @@ class EngineServer:
         self._outputs: list[RequestOutput] = []
         self._accepted: list[tuple[str, Refusal | None]] = []
         self._embedded: list[Embedded] = []
+        self._blocks_epoch: str | None = None  # the cursor into the core's block events already sent
+        self._blocks_next = 0
         self._send_lock = threading.Lock()
         self._encode = msgspec.msgpack.Encoder().encode
         self._decoder = msgspec.msgpack.Decoder(Command)
@@ -266,10 +276,19 @@ class EngineServer:
     def _sink(self, out: RequestOutput) -> None:
         self._outputs.append(out)
 
+    def _block_changes(self) -> BlockEvents | None:
+        log = self.core.block_events
+        if self._blocks_epoch == log.epoch and self._blocks_next == log.next_event:
+            return None  # the common step: nothing entered or left the prefix cache
+        changes = log.since(self._blocks_epoch, self._blocks_next)
+        self._blocks_epoch, self._blocks_next = changes.epoch, changes.next_event
+        return changes
+
     def _flush(self) -> None:
-        if not self._outputs and not self._accepted and not self._embedded:
+        blocks = self._block_changes()
+        if not self._outputs and not self._accepted and not self._embedded and blocks is None:
             return
-        batch = Batch(self._accepted, self._outputs, self.core.stats(), self._embedded)
+        batch = Batch(self._accepted, self._outputs, self.core.stats(), self._embedded, blocks)
         self._accepted, self._outputs, self._embedded = [], [], []
         self._send(batch)
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from shared.errors import ModelLoadError
+from shared.fleet_protocol import TextSide
 
 from .chat_template import ChatTemplate
 from .registry import DEFAULT_MODEL, fetch, known_model
@@ -69,3 +70,37 @@ def hf_text_side(d: Path) -> tuple[Tokenizer, ChatTemplate]:
         chat_template=chat_template,
     )
     return tokenizer, ChatTemplate(chat_template, bos or "", eos or "")
+
+
+def describe_text_side(model: str, tokenizer: Tokenizer, template: ChatTemplate) -> TextSide:
+    """What a worker sends its router (GET /internal/v1/text-side)."""
+    return TextSide(
+        model=model,
+        tokenizer_json=tokenizer.backend_json(),
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        add_bos=tokenizer.add_bos,
+        add_eos=tokenizer.add_eos,
+        template=template.source,
+        bos_token=template.bos_token,
+        eos_token=template.eos_token,
+    )
+
+
+def text_side_from(side: TextSide) -> tuple[Tokenizer, ChatTemplate]:
+    """The tokenizer and template a worker described; raises ModelLoadError if they do not load."""
+    try:
+        tokenizer = Tokenizer.from_backend_json(
+            side.tokenizer_json,
+            bos_id=side.bos_id,
+            eos_id=side.eos_id,
+            add_bos=side.add_bos,
+            add_eos=side.add_eos,
+            chat_template=side.template,
+        )
+    except Exception as exc:  # the tokenizers library raises its own exception types
+        raise ModelLoadError(f"the tokenizer of {side.model!r} does not load: {exc}") from exc
+    template = ChatTemplate(
+        side.template, side.bos_token, side.eos_token, f"the chat template of {side.model!r}"
+    )
+    return tokenizer, template

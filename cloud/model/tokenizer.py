@@ -170,6 +170,30 @@ class Tokenizer:
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
         self.max_token_bytes = _max_token_bytes(backend, self.byte_level, self.byte_fallback)
 
+    def backend_json(self) -> str:
+        """The vocabulary and rules in the `tokenizers` library's own serialization."""
+        return str(self._backend.to_str())
+
+    @classmethod
+    def from_backend_json(
+        cls,
+        backend_json: str,
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        add_bos: bool,
+        add_eos: bool,
+        chat_template: str | None = None,
+    ) -> Tokenizer:
+        return cls(
+            _RustTokenizer.from_str(backend_json),
+            bos_id=bos_id,
+            eos_id=eos_id,
+            add_bos=add_bos,
+            add_eos=add_eos,
+            chat_template=chat_template,
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as the backend's JSON: an engine process hands its tokenizer to the gateway
         state = (
@@ -256,8 +280,8 @@ def _unpickle_tokenizer(
     add_eos: bool,
     chat_template: str | None,
 ) -> Tokenizer:
-    return Tokenizer(
-        _RustTokenizer.from_str(backend_json),
+    return Tokenizer.from_backend_json(
+        backend_json,
         bos_id=bos_id,
         eos_id=eos_id,
         add_bos=add_bos,

@@ -1,4 +1,4 @@
-"""The engine in this process, behind the gateway's Backend (gateway/backends/engine.py): its core
+"""The engine in this process, behind the gateway's Backend (gateway/seam.py): its core
 steps on its own thread (AsyncEngine). `ctxfuse serve --engine-in-process` and `ctxfuse worker` run it."""
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ class InProcessBackend:
         self.max_model_len = core.max_model_len
         self.hidden_size = core.model_config.hidden_size
         self.tokenizer = core.tokenizer
+        self.chat_template = core.chat_template
+        self.block_size, self.max_num_seqs = core.kv_plan.block_size, core.config.max_num_seqs
+        self.block_events = core.block_events  # the prefix cache's history (a worker's router reads it)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> InProcessBackend:

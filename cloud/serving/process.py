@@ -1,7 +1,8 @@
 """The gateway's side of an engine core in its own process (cloud/engine/engine_process.py): the
 default of `ctxfuse serve`. The gateway keeps the tokenizer and chat template (the engine's, sent
 with its greeting, so the model file is read once) and refuses a bad request itself (the engine's
-Admission); the engine process holds the weights and the KV cache and steps.
+Admission); the engine process holds the weights and the KV cache and steps. Its prefix cache's
+changes come with its batches, into a mirror a worker's internal routes answer from.
 
 A reader thread takes the engine's batches off the pipe and hands each event loop its share in one
 call per batch. A stream closed before the engine took its request aborts it once taken. If the
@@ -21,6 +22,7 @@ import msgspec
 import numpy as np
 import structlog
 
+from cloud.engine.block_events import BlockEventLog
 from cloud.engine.config import EngineConfig
 from cloud.engine.engine_process import (
     AbortMsg,
@@ -94,6 +96,9 @@ class ProcessBackend:
         self.describe = hello.describe
         self._stats = hello.stats
         self.tokenizer, self.chat_template = hello.tokenizer, hello.chat_template
+        self.block_size, self.max_num_seqs = hello.block_size, hello.max_num_seqs
+        # the engine's prefix cache as its batches report it: what a worker's router reads
+        self.block_events = BlockEventLog()
         self._streams: dict[str, _Stream] = {}
         # embedding jobs sent and not yet answered: where their caller waits
         self._embeds: dict[str, asyncio.Future[np.ndarray | CtxfuseError]] = {}
@@ -148,7 +153,7 @@ class ProcessBackend:
         priority: int = 0,
         image_spans: tuple[ImageSpan, ...] = (),
     ) -> _Stream:
-        self.check(prompt_token_ids, params)
+        # checked by the gateway (check); the engine process's core refuses what slips past it
         stream = _Stream(self, request_id, params.n)
         with self._lock:
             if self._error is not None:
@@ -236,6 +241,8 @@ class ProcessBackend:
         self._fail_all(f"the engine has stopped: the engine process exited (exit code {code})")
 
     def _dispatch(self, batch: Batch) -> None:
+        if batch.blocks is not None:
+            self.block_events.apply(batch.blocks)
         calls: dict[asyncio.AbstractEventLoop, list[tuple[Any, ...]]] = {}
         with self._lock:
             for rid, refusal in batch.accepted:

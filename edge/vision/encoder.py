@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import onnxruntime as ort
 from PIL import Image
 
 from shared.image_features import ImageLabel
@@ -70,6 +69,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 class ImageEncoder:
     def __init__(self, files: VisionFiles, precision: Precision = "int8", threads: int = 1) -> None:
+        import onnxruntime as ort  # ~30 MiB mapped: loaded with the first image, not by every router
+
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # one image is small work: more threads mostly wait
         options.inter_op_num_threads = 1

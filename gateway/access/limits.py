@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from gateway.access.keys import ApiKey
-from gateway.backends.engine import Generation
+from gateway.seam import Generation
 from shared.engine_types import RequestOutput
 
 WINDOW_S = 60.0

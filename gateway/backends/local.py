@@ -1,6 +1,6 @@
 """The engine as the gateway's upstream (`ctxfuse serve`, `ctxfuse worker`): requests are planned
-(templated, tokenized, constrained) here and run by the engine behind `Backend` (backends/engine.py:
-in this process; backends/process.py: in a child process).
+(templated, tokenized, constrained) here and run by the engine behind `Backend` (gateway/seam.py),
+in this process or in a child process (cloud/serving/).
 
 The app has already authenticated the caller, checked its limits and allowed models and decoded the
 body; this module plans, reserves the request's tokens, submits and hands over to the chat and
@@ -18,8 +18,6 @@ from litestar.background_tasks import BackgroundTask
 from litestar.handlers import HTTPRouteHandler
 
 from gateway.access.auth import Principal, principal_of, reserve_settled, reserve_tokens
-from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest
-from gateway.backends.engine import Backend, Generation
 from gateway.backends.worker import ROUTES as WORKER_ROUTES
 from gateway.backends.worker import WorkerEngine
 from gateway.batch.executor import Answer, refuse_stream
@@ -35,7 +33,9 @@ from gateway.openai.logprobs import TokenTexts
 from gateway.openai.results import Reply
 from gateway.openai.sse import sse_stream
 from gateway.ops.observe import request_id
+from gateway.seam import Backend, Generation
 from gateway.state import Gateway
+from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.engine_types import EngineStats
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError, QueueFullError

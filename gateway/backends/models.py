@@ -12,12 +12,12 @@ import msgspec
 from litestar import Response
 from litestar.handlers import HTTPRouteHandler
 
-from gateway.backends.base import Answered, AnyRequest
 from gateway.backends.local import EngineUpstream
 from gateway.batch.executor import Answer
 from gateway.encoding import encode
 from gateway.openai.decode import decode_body
 from gateway.state import Gateway
+from gateway.upstream import Answered, AnyRequest
 from shared.embeddings_protocol import EmbeddingRequest
 from shared.engine_types import EngineStats
 from shared.errors import CtxfuseError, NotFoundError

@@ -3,6 +3,8 @@ engine (shared/fleet_protocol.py). Mounted only in worker mode; behind the API k
 routes, since a worker's prefix cache says something about its users' prompts.
 
 - `GET /internal/v1/state`: load, draining, block size and hash scheme, the event cursor (JSON).
+- `GET /internal/v1/text-side`: the model's tokenizer and chat template (msgpack), which a router
+  that holds no model file reads once.
 - `GET /internal/v1/blocks?epoch=E&since=N`: prefix-cache changes since event N (msgpack: a reset
   lists every held hash, tens of thousands of 16-byte values, which JSON would hex or base64).
 """
@@ -17,10 +19,10 @@ from litestar import Request, Response, get
 from litestar.params import FromQuery
 
 from cloud.engine.block_events import BlockEventLog
-from gateway.backends.engine import Backend
 from gateway.encoding import encode
+from gateway.seam import Backend
 from gateway.state import Gateway
-from shared.fleet_protocol import HASH_SCHEME, WorkerLoad, WorkerState
+from shared.fleet_protocol import HASH_SCHEME, TextSide, WorkerLoad, WorkerState
 
 MSGPACK = "application/msgpack"
 
@@ -32,6 +34,7 @@ class WorkerEngine:
     block_size: int
     max_num_seqs: int
     events: BlockEventLog
+    text_side: TextSide
 
 
 class _WorkerUpstream(Protocol):
@@ -80,4 +83,10 @@ async def blocks(
     return Response(msgspec.msgpack.encode(engine.events.since(epoch, since)), media_type=MSGPACK)
 
 
-ROUTES = [state, blocks]
+@get("/internal/v1/text-side", summary="The model's tokenizer and chat template (msgpack, for a router)")
+async def text_side(request: Request[Any, Any, Any]) -> Response[bytes]:
+    _, _, engine = _parts(request)
+    return Response(msgspec.msgpack.encode(engine.text_side), media_type=MSGPACK)
+
+
+ROUTES = [state, text_side, blocks]

@@ -11,7 +11,6 @@ import msgspec
 from litestar import Request, post
 
 from gateway.access.auth import principal_of
-from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered
 from gateway.edge.budget import ExpansionBudget, check_ref_count
 from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.link import expand, store_new_chunks
@@ -19,6 +18,7 @@ from gateway.errors import ServiceUnavailableError
 from gateway.openai.routes import answer, gateway_of
 from gateway.ops.metrics import Metrics
 from gateway.ops.observe import annotate
+from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered
 from shared.edge_protocol import EdgeRequest
 from shared.errors import InvalidRequestError
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import msgspec
 
-from gateway.backends.engine import Backend, Generation
 from gateway.openai import structured, structured_result
 from gateway.openai.constraint_fields import output_constraint
 from gateway.openai.images import Images
@@ -19,6 +18,7 @@ from gateway.openai.sampling import sampling_params
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from gateway.seam import Backend, Generation
 from shared.engine_types import ImageSpan, SamplingParams
 from shared.errors import InvalidRequestError
 from shared.grammar_spec import GrammarSpec

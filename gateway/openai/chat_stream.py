@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from cloud.grammar.tool_calls import ArgumentsDelta, CallStarted, ContentDelta, StreamEvent, ToolCallStream
-from gateway.backends.engine import Backend, Generation
 from gateway.encoding import SSE_DONE, sse_event
 from gateway.openai import structured_result
 from gateway.openai.chat import ChatPlan
@@ -20,6 +19,7 @@ from gateway.openai.results import Reply, UsageTally, annotate_usage, metered, v
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from gateway.seam import Backend, Generation
 from shared.engine_types import RequestOutput
 from shared.protocol import (
     ChatCompletionChunk,

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from cloud.model.tokenizer import Tokenizer
-from gateway.backends.engine import Backend, Generation
 from gateway.encoding import SSE_DONE, sse_event
 from gateway.openai import structured_result
 from gateway.openai.constraint_fields import output_constraint
@@ -30,6 +29,7 @@ from gateway.openai.sampling import sampling_params
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from gateway.seam import Backend, Generation
 from shared.engine_types import SamplingParams
 from shared.errors import InvalidRequestError
 from shared.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest

@@ -13,7 +13,7 @@ import base64
 
 import numpy as np
 
-from gateway.backends.engine import Backend
+from gateway.seam import Backend
 from shared.embeddings_protocol import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 

@@ -20,7 +20,6 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
 from gateway.access.auth import principal_of
-from gateway.backends.base import CHAT_PATH, Answered
 from gateway.encoding import encode
 from gateway.openai.decode import decode_body
 from gateway.openai.response_store import NotStored, ResponseStore, store_at
@@ -33,6 +32,7 @@ from gateway.openai.responses_convert import (
 )
 from gateway.openai.responses_stream import retell
 from gateway.openai.routes import answer, gateway_of
+from gateway.upstream import CHAT_PATH, Answered
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError
 from shared.protocol import ChatCompletion
 from shared.responses_protocol import (

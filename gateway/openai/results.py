@@ -8,10 +8,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from gateway.backends.engine import Backend, Generation
 from gateway.openai.logprobs import TokenTexts
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
+from gateway.seam import Backend, Generation
 from shared.engine_types import RequestOutput, SampleResult
 from shared.errors import EngineError
 from shared.protocol import PromptTokensDetails, Usage

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes, once for every upstream (backends/base.py): thin handlers that
+"""The OpenAI-compatible routes, once for every upstream (gateway/upstream.py): thin handlers that
 decode the body strictly (decode.py, not Litestar), check the model against the upstream and the
 caller's key, log what was asked, and hand the request to the upstream that answers it."""
 
@@ -12,10 +12,10 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath
 
 from gateway.access.auth import principal_of
-from gateway.backends.base import CHAT_PATH, COMPLETIONS_PATH, Answered
 from gateway.openai.decode import decode_body
 from gateway.ops.observe import annotate
 from gateway.state import Gateway
+from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 

@@ -6,11 +6,9 @@ answers an OpenAI client through a real gateway over mutual TLS. Without the ima
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
-import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,42 +30,16 @@ from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.server import build_edge_server
 
 from ..gateway.test_images_api import data_url, image_message
+from ..install_env import imported_modules, installed_env, run
 from .test_edge_e2e import ENGINE, MODEL, start
 
-REPO = Path(__file__).resolve().parents[2]
 CLOUD_SIDE = ("torch", "transformers", "xgrammar", "triton", "gguf", "tokenizers", "accelerate")
-
-
-def run(*cmd: str | Path, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, check=False)
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def edge_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh environment with the edge lock and ctxfuse itself (a built wheel, not this checkout)."""
-    root = tmp_path_factory.mktemp("edge-venv")
-    venv.create(root, with_pip=True)
-    py = root / "bin" / "python"
-    pip = (py, "-m", "pip", "install", "-q", "--disable-pip-version-check")
-    run(
-        *pip,
-        "--require-hashes",
-        "--no-deps",
-        "-c",
-        REPO / "constraints.txt",
-        "-r",
-        REPO / "requirements/edge.lock",
-    )
-    # built from a copy of what the package holds: pip builds in the source tree, and this one stays clean
-    source = tmp_path_factory.mktemp("edge-source")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    for package in ("ctxfuse", "gateway", "edge", "cloud", "kernels", "shared"):
-        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
-    run(*pip, "--no-deps", source)
-    return root
+    return installed_env(tmp_path_factory, "edge.lock")
 
 
 def test_the_edge_environment_holds_no_cloud_side(edge_env: Path) -> None:
@@ -177,11 +149,7 @@ def test_without_encoder_files_images_travel_as_sent_and_the_gateway_renders_the
 def test_the_agent_never_imported_the_cloud_side(edge_run: EdgeRun) -> None:
     """After the requests above (tests run in file order): what serving them imported counts too."""
     log = edge_run.output.read_text()
-    modules = {
-        line.rsplit("|", 1)[1].strip().split(".")[0]
-        for line in log.splitlines()
-        if line.startswith("import time:") and "|" in line
-    }
+    modules = {m.split(".")[0] for m in imported_modules(log)}
     assert {"onnxruntime", "litestar", "ctxfuse", "edge"} <= modules  # importtime's lines were read
     assert not modules & set(CLOUD_SIDE), sorted(modules & set(CLOUD_SIDE))
     assert "image_features_off" in log

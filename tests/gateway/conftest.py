@@ -19,8 +19,8 @@ from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel
 from cloud.serving.in_process import InProcessBackend
 from gateway.access.keys import KeyStore
-from gateway.backends.engine import Backend
 from gateway.config import GatewayConfig
+from gateway.seam import Backend
 from gateway.server import GatewayServer, build_server
 
 MODEL = "smollm2-135m-instruct"

@@ -4,6 +4,7 @@ requests and the readiness check instead of hanging them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ import pytest
 from cloud.engine.engine_process import Refusal
 from cloud.serving.in_process import InProcessBackend
 from cloud.serving.process import ProcessBackend
+from shared.block_hash import hash_block
+from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, EngineError, ModelLoadError, QueueFullError
 
 from .conftest import ENGINE, GATEWAY, MODEL, Running, run_in_thread, wait_idle
@@ -156,6 +159,33 @@ def test_a_schema_is_compiled_in_the_engine_process(process_server: Running) -> 
     )
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     assert json.loads(r.choices[0].message.content or "")["colour"] in ("red", "green", "blue")
+
+
+def test_the_prefix_cache_s_blocks_cross_the_pipe_as_a_router_names_them(
+    process_backend: ProcessBackend,
+) -> None:
+    """A worker's router reads the mirror: after a prompt ran, it holds the prompt's full blocks
+    under exactly the hashes a router computes from the same token ids (shared/block_hash.py)."""
+    ids = process_backend.encode_chat([{"role": "user", "content": "Tell me a story. " * 12}]).token_ids
+    size = process_backend.block_size
+    assert len(ids) >= 2 * size
+
+    async def run() -> None:
+        gen = await process_backend.submit(ids, SamplingParams(max_tokens=1), "mirror-probe")
+        async for _ in gen:
+            pass
+
+    before, held_before = process_backend.block_events.next_event, process_backend.block_events.held()
+    asyncio.run(run())
+    chain, parent = [], None
+    for i in range(len(ids) // size):
+        parent = hash_block(parent, ids[i * size : (i + 1) * size])
+        chain.append(parent)
+    assert set(chain) <= process_backend.block_events.held()
+    delta = process_backend.block_events.since(process_backend.block_events.epoch, before)
+    # a router polling the worker sees the new ones (the template's leading blocks may be held already)
+    assert not delta.reset and set(chain) - held_before <= set(delta.stored)
+    assert set(chain) - held_before  # the story's own blocks were new
 
 
 def test_a_dead_engine_process_fails_requests_and_readiness(engine_config) -> None:  # type: ignore[no-untyped-def]

@@ -60,6 +60,11 @@ class FleetBackend:
         is tried: its own 404 then answers)."""
         return model is None or not self.models or model in self.models
 
+    def may_take_work(self) -> bool:
+        """Routable now, or after one probe: reachable, and its circuit closed or half-open (a router
+        whose backends came up after it is ready; its first request is the probe)."""
+        return self.reachable and not self.draining and self.kind is not None and self.circuit.state != "open"
+
     def takes_work(self) -> bool:
         """Routable now without asking the circuit for a probe."""
         return (

@@ -18,7 +18,6 @@ from typing import cast
 from litestar.response import Stream
 
 from gateway.access.auth import Principal
-from gateway.backends.base import CHAT_PATH
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.proxy import Outgoing, forward
@@ -26,6 +25,7 @@ from gateway.batch.executor import Answer, refuse_stream
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.decode import decode_body
+from gateway.upstream import CHAT_PATH
 from shared.block_hash import salt_key
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError

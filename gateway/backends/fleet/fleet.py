@@ -16,8 +16,9 @@ from gateway.backends.fleet.canary import CanaryController, Rollback
 from gateway.backends.fleet.circuit import CircuitBreaker, CircuitState, OnChange
 from gateway.backends.fleet.config import FleetConfig
 from gateway.backends.fleet.index import PrefixIndex
-from gateway.backends.fleet.keys import KeyMaker, RequestKeys
+from gateway.backends.fleet.keys import KeyMaker, RequestKeys, prompt_text
 from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
+from gateway.errors import ServiceUnavailableError
 from shared.keep_alive import ROUTER_KEEP_ALIVE_S
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -30,15 +31,17 @@ class Fleet:
     def __init__(
         self,
         config: FleetConfig,
-        tokenizer: Tokenizer,
-        template: ChatTemplate,
+        tokenizer: Tokenizer | None,
+        template: ChatTemplate | None,
         metrics: FleetMetrics,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self.rng = rng or random.Random()
-        self.keys = KeyMaker(tokenizer, template)
+        # the model's text side, to name prompt blocks: given (--model), or None until the first
+        # ctxfuse worker's health check sends its own (health.py); until then prompts key by text
+        self.keys = KeyMaker(tokenizer, template) if tokenizer is not None and template is not None else None
         self.index = PrefixIndex(config.index_blocks)
         self.canary = CanaryController(config.version_weights, config.canary, stable=config.stable_version)
         self.backends = [
@@ -90,11 +93,20 @@ class Fleet:
         self.metrics.rollbacks.labels(version=rollback.version).inc()
         self._export_version(rollback.version)
 
+    def adopt_text_side(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
+        self.keys = KeyMaker(tokenizer, template)
+
     def request_keys(
         self, req: ChatCompletionRequest | CompletionRequest, count: bool
     ) -> tuple[RequestKeys, int]:
         """(its prefix keys, its prompt tokens when `count` asks for them, else 0) of a decoded
         chat or completion request. It tokenizes: call it off the loop."""
+        if self.keys is None:
+            if count:  # a limit in tokens cannot be kept without the tokenizer: refused, not guessed
+                raise ServiceUnavailableError(
+                    "the router has no tokenizer yet: no ctxfuse worker has answered its health check"
+                )
+            return RequestKeys([], prompt_text(req)), 0
         # tokenizing is wasted work unless a backend matches token blocks or tokens are counted
         tokenize = count or any(b.reports_blocks for b in self.backends)
         if isinstance(req, ChatCompletionRequest):

@@ -10,7 +10,12 @@ every backend every `health_interval_s`.
 
 A check that gets no answer (or a 5xx) trips the backend's circuit at once (and again each time,
 so its cool-down runs from the last failed check). A check that succeeds does not close a circuit:
-once the cool-down has passed, the next request is the probe that does.
+once the cool-down has passed, the next request is the probe that does (and /ready counts the
+backend, so a router whose workers came up after it is ready for that request).
+
+A router given no model file takes the tokenizer and chat template from the first ctxfuse worker
+that answers (`GET /internal/v1/text-side`); until one has, it is not ready. A fleet of other
+servers alone counts tokens with the default model's.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import httpx
 import msgspec
 import structlog
 
+from cloud.model.text_side import load_text_side, text_side_from
 from gateway.backends.fleet.backend import FleetBackend
 from gateway.backends.fleet.fleet import Fleet
-from shared.fleet_protocol import HASH_SCHEME, BlockEvents, WorkerState
+from shared.errors import ModelLoadError
+from shared.fleet_protocol import HASH_SCHEME, BlockEvents, TextSide, WorkerState
 
 log = structlog.get_logger("ctxfuse.fleet")
 
@@ -65,8 +72,25 @@ async def _check_worker(fleet: Fleet, b: FleetBackend) -> bool:
             log.info("worker_restarted", backend=b.name, epoch=state.epoch)
         fleet.index.forget(b.name)
         b.epoch, b.next_event = state.epoch, 0
+    if fleet.keys is None:  # the router holds no model file: it names blocks with the worker's
+        await _adopt_text_side(fleet, b)
     await _read_events(fleet, b, state.epoch)
     return True
+
+
+async def _adopt_text_side(fleet: Fleet, b: FleetBackend) -> None:
+    resp = await _get(fleet, b, "/internal/v1/text-side")
+    if resp.status_code != 200:  # a worker older than the route: another may have it
+        return
+    try:
+        side = msgspec.msgpack.decode(resp.content, type=TextSide)
+        tokenizer, template = await asyncio.to_thread(text_side_from, side)  # ~0.1 s for a vocabulary
+    except (msgspec.DecodeError, msgspec.ValidationError, ModelLoadError) as exc:
+        log.warning("text_side_unreadable", backend=b.name, reason=str(exc))
+        return
+    if fleet.keys is None:
+        fleet.adopt_text_side(tokenizer, template)
+        log.info("text_side_adopted", backend=b.name, model=side.model)
 
 
 async def _read_events(fleet: Fleet, b: FleetBackend, epoch: str) -> None:
@@ -125,8 +149,16 @@ def _listed(content: bytes) -> _ModelList | None:
         return None
 
 
+async def check_all(fleet: Fleet) -> None:
+    """Every backend once, at the same time."""
+    await asyncio.gather(*(check(fleet, b) for b in fleet.backends))
+    if fleet.keys is None and fleet.backends and all(b.kind == "openai" for b in fleet.backends):
+        # no ctxfuse worker will send its text side: the default model's counts tokens instead
+        fleet.adopt_text_side(*await asyncio.to_thread(load_text_side, None))
+
+
 async def run_checks(fleet: Fleet) -> None:
     """Forever, every health_interval_s: all backends at once."""
     while True:
-        await asyncio.gather(*(check(fleet, b) for b in fleet.backends))
+        await check_all(fleet)
         await asyncio.sleep(fleet.config.health_interval_s)

@@ -65,7 +65,7 @@ class KeyMaker:
 
     def chat(self, req: ChatCompletionRequest, ctxfuse_backends: bool) -> RequestKeys:
         """`ctxfuse_backends`: some candidate reports blocks (else tokenizing is wasted work)."""
-        text = "\n".join(f"{m.role}: {_text(m.content)}" for m in req.messages)
+        text = prompt_text(req)
         if not ctxfuse_backends:
             return RequestKeys([], text)
         try:
@@ -79,8 +79,7 @@ class KeyMaker:
         return RequestKeys(prompt.token_ids, text)
 
     def completion(self, req: CompletionRequest, ctxfuse_backends: bool) -> RequestKeys:
-        p = req.prompt
-        text = p if isinstance(p, str) else p[0] if p and isinstance(p[0], str) else ""
+        text = prompt_text(req)
         ids = self.tokenizer.encode(text, add_special=True) if text and ctxfuse_backends else []
         return RequestKeys(ids, text)
 
@@ -100,6 +99,15 @@ class KeyMaker:
             for x in p
             if not isinstance(x, int)
         )
+
+
+def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
+    """The prompt's text, for text-chunk keys: each message's role and text, or a completion's
+    (first) prompt."""
+    if isinstance(req, ChatCompletionRequest):
+        return "\n".join(f"{m.role}: {_text(m.content)}" for m in req.messages)
+    p = req.prompt
+    return p if isinstance(p, str) else p[0] if p and isinstance(p[0], str) else ""
 
 
 def _text(content: object) -> str:

@@ -11,7 +11,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from cloud.model.chat_template import ChatTemplate
 from cloud.model.text_side import load_text_side
+from cloud.model.tokenizer import Tokenizer
 from gateway.backends.fleet.config import FleetConfig
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.metrics import FleetMetrics
@@ -32,10 +34,16 @@ def fleet_gateway(
     chat_template: str | None = None,
 ) -> tuple[Gateway, Fleet]:
     """The gateway's state over the fleet (`with_chunk_store`: the edge link's, for an edge listener;
-    `chat_template`: the template its workers were started with, so prompts key the same blocks)."""
-    tokenizer, template = load_text_side(model)
-    if chat_template is not None:
-        template = template.replaced(chat_template, "--chat-template")
+    `chat_template`: the template its workers were started with, so prompts key the same blocks).
+    With no `model`, a fleet that may hold ctxfuse workers takes the tokenizer and template from the
+    first to answer (no model file, no GGUF reader here); one of other servers only reads the default
+    model's."""
+    tokenizer: Tokenizer | None = None
+    template: ChatTemplate | None = None
+    if model is not None or all(b.kind == "openai" for b in fleet_config.backends):
+        tokenizer, template = load_text_side(model)
+        if chat_template is not None:
+            template = template.replaced(chat_template, "--chat-template")
     fleet_config = replace(fleet_config, share_prefix_cache=config.share_prefix_cache)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)

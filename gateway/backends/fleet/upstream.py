@@ -28,10 +28,9 @@ from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
 
 from gateway.access.auth import principal_of, reserve_tokens
-from gateway.backends.base import Answered, AnyRequest
 from gateway.backends.fleet.batch import execute_routed
 from gateway.backends.fleet.fleet import Fleet
-from gateway.backends.fleet.health import check, run_checks
+from gateway.backends.fleet.health import check_all, run_checks
 from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.proxy import VERSION_HEADER, Outgoing, forward
 from gateway.backends.fleet.usage import Settle, most_tokens, with_usage
@@ -40,6 +39,7 @@ from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.state import Gateway
+from gateway.upstream import Answered, AnyRequest
 from shared.block_hash import salt_key
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.engine_types import EngineStats
@@ -65,14 +65,18 @@ class FleetUpstream:
         return None  # the router lives on while its backends come and go: /ready says whether any is up
 
     def not_ready_reason(self) -> str | None:
-        return None if any(b.takes_work() for b in self.fleet.backends) else "no backend takes requests"
+        if not any(b.may_take_work() for b in self.fleet.backends):
+            return "no backend takes requests"
+        return (
+            "no tokenizer yet: no ctxfuse worker has sent its text side" if self.fleet.keys is None else None
+        )
 
     def check_model(self, name: str | None) -> None:
         pass  # each backend answers for its own models
 
     async def start(self) -> None:
         fleet = self.fleet
-        await asyncio.gather(*(check(fleet, b) for b in fleet.backends))  # kinds known before serving
+        await check_all(fleet)  # kinds, and the text side where a worker sends it, known before serving
         self._checks = asyncio.get_running_loop().create_task(run_checks(fleet), name="fleet-health")
 
     async def stop(self) -> None:

@@ -21,7 +21,7 @@ import msgspec
 from litestar.response import Stream
 
 from gateway.access.limits import RateLimiter, Ticket
-from gateway.backends.base import Answered
+from gateway.upstream import Answered
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 _USAGE_MARK = b'"usage":{'
