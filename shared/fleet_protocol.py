@@ -7,7 +7,7 @@
   since event N. A gateway that asks with another epoch (the worker restarted) or with an event the
   worker no longer keeps gets `reset: true` and, in `stored`, every block the worker holds now.
 
-Block hashes are the engine's own (cloud/engine/block_pool.py `hash_block`: BLAKE2b-128 chained over
+Block hashes are the engine's own (cloud/engine/kv/block_pool.py `hash_block`: BLAKE2b-128 chained over
 the parent's hash, the block's token ids and any extra key), so a gateway that tokenizes a prompt
 with the same model can name the blocks it would need.
 """

@@ -116,7 +116,7 @@ ENGINE_CODE = ("cloud.engine", "cloud.serving", "kernels", "cloud.grammar.compil
 ENGINE_CODE += tuple(
     f"cloud.model.{m}" for m in ("loading", "llama", "gemma3", "causal_lm", "linear", "weights")
 )
-GATEWAY_MAY_READ = ("cloud.engine.config", "cloud.engine.block_events")
+GATEWAY_MAY_READ = ("cloud.engine.config", "cloud.engine.kv.block_events")
 
 
 def engine_code(target: str) -> bool:

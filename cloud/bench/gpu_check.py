@@ -71,7 +71,7 @@ def kernel_tests(device: torch.device) -> dict[str, object]:
     """Run the kernel tests on the device in a child pytest (the interpreter stays off on a GPU)."""
     tests = [
         "tests/kernels",
-        "tests/cloud/engine/test_attention_kernels.py",
+        "tests/cloud/engine/attention/test_attention_kernels.py",
         "tests/cloud/model/test_fused_forward.py",
     ]
     env = dict(os.environ)
@@ -100,7 +100,7 @@ def _engine(model, device: str, **overrides):
 
 def _greedy(core, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy continuations and the first step's logits [prompts, vocab] (fp32, on the CPU)."""
-    from cloud.engine.sampler import Sampler
+    from cloud.engine.sampling.sampler import Sampler
     from shared.engine_types import SamplingParams
 
     first: dict[str, torch.Tensor] = {}
@@ -283,7 +283,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def _main_args(args: argparse.Namespace) -> int:
-    from cloud.engine.device import resolve_device
+    from cloud.engine.runner.device import resolve_device
 
     device = resolve_device(args.device)
     sizes = CheckSizes.tiny() if args.tiny else CheckSizes()

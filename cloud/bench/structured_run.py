@@ -29,7 +29,7 @@ from .structured_schemas import DECODE_SCHEMA, SCHEMAS
 
 if TYPE_CHECKING:  # the engine (and xgrammar) load only when the benchmark runs, not for --help
     from cloud.engine.core import EngineCore
-    from cloud.engine.grammar_mask import Constrained, GrammarMasks
+    from cloud.engine.sampling.grammar_mask import Constrained, GrammarMasks
     from cloud.model.loading import LoadedModel
 
 from .structured_results import (

@@ -73,13 +73,13 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
-        from .device import resolve_device
+        from cloud.engine.runner.device import resolve_device
 
         return resolve_device(self.device)
 
     @property
     def run_dtype(self) -> str:
-        from .device import default_dtype
+        from cloud.engine.runner.device import default_dtype
 
         return default_dtype(self.torch_device) if self.dtype == "auto" else self.dtype
 

@@ -15,6 +15,21 @@ from typing import Any
 
 import torch
 
+from cloud.engine.attention.choice import make_attention, use_triton
+from cloud.engine.config import EngineConfig
+from cloud.engine.kv.block_events import BlockEventLog
+from cloud.engine.kv.block_pool import BlockPool
+from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.memory import make_kv_cache, plan_kv, release_free_heap
+from cloud.engine.output import TextState, make_output
+from cloud.engine.request import FinishReason, Request
+from cloud.engine.runner.cuda_graphs import CudaGraphs, eligible
+from cloud.engine.runner.model_runner import ModelRunner
+from cloud.engine.runner.profile import profile_run
+from cloud.engine.sampling.sampler import Sampler
+from cloud.engine.scheduling.admission import Admission
+from cloud.engine.scheduling.overflow import OverflowPolicy
+from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig, TokenEvent
 from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.model.chat_template import ChatTemplate
@@ -34,22 +49,6 @@ from shared.engine_types import (
     SamplingParams,
 )
 from shared.errors import InvalidRequestError, QueueFullError
-
-from .admission import Admission
-from .attention_choice import make_attention, use_triton
-from .block_events import BlockEventLog
-from .block_pool import BlockPool
-from .config import EngineConfig
-from .cuda_graphs import CudaGraphs, eligible
-from .kv_cache import KVCache
-from .memory import make_kv_cache, plan_kv, release_free_heap
-from .output import TextState, make_output
-from .overflow import OverflowPolicy
-from .profile import profile_run
-from .request import FinishReason, Request
-from .runner import ModelRunner
-from .sampler import Sampler
-from .scheduler import Scheduler, SchedulerConfig, TokenEvent
 
 
 @dataclass(slots=True)

@@ -4,11 +4,10 @@ string that is still forming is never streamed."""
 
 from __future__ import annotations
 
+from cloud.engine.request import FinishReason, Request
 from cloud.model.detokenizer import IncrementalDecoder
 from cloud.model.tokenizer import Tokenizer
 from shared.engine_types import RequestOutput
-
-from .request import FinishReason, Request
 
 
 class TextState:

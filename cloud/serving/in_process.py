@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.output_stream import RequestStream
+from cloud.engine.serving.async_engine import AsyncEngine
+from cloud.engine.serving.output_stream import RequestStream
 from shared.engine_types import ChatPrompt, EngineStats, ImageSpan, Pooling, SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""The gateway's side of an engine core in its own process (cloud/engine/engine_process.py): the
+"""The gateway's side of an engine core in its own process (cloud/engine/serving/engine_process.py): the
 default of `ctxfuse serve`. The gateway keeps the tokenizer and chat template (the engine's, sent
 with its greeting, so the model file is read once) and refuses a bad request itself (the engine's
 Admission); the engine process holds the weights and the KV cache and steps. Its prefix cache's
@@ -22,9 +22,9 @@ import msgspec
 import numpy as np
 import structlog
 
-from cloud.engine.block_events import BlockEventLog
 from cloud.engine.config import EngineConfig
-from cloud.engine.engine_process import (
+from cloud.engine.kv.block_events import BlockEventLog
+from cloud.engine.serving.engine_process import (
     AbortMsg,
     AddMsg,
     Batch,
@@ -36,7 +36,7 @@ from cloud.engine.engine_process import (
     StartupFailed,
     engine_main,
 )
-from cloud.engine.output_stream import OutputStream
+from cloud.engine.serving.output_stream import OutputStream
 from cloud.text.prompt import render_chat_prompt
 from shared.engine_types import ChatPrompt, EngineStats, ImageSpan, Pooling, RequestOutput, SamplingParams
 from shared.errors import CtxfuseError, EngineDeadError, InvalidRequestError, ModelLoadError

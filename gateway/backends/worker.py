@@ -18,7 +18,7 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.params import FromQuery
 
-from cloud.engine.block_events import BlockEventLog
+from cloud.engine.kv.block_events import BlockEventLog
 from gateway.encoding import encode
 from gateway.seam import Backend
 from gateway.state import Gateway

@@ -263,7 +263,7 @@ def paged_decode_quant_cpu(
     *,
     isa: Isa | None = None,
 ) -> torch.Tensor:
-    """Decode attention over the engine's int8 / int4 cache (cloud/engine/quantized_kv_cache.py):
+    """Decode attention over the engine's int8 / int4 cache (cloud/engine/kv/quantized_cache.py):
     kq, vq [kv_heads, num_blocks, bs, w] uint8 (int4: even channel in the low nibble); kmin, kmax
     [kv_heads, num_blocks, d] fp16 (key = kmin + code * key_scale(kmin, kmax)); vscale, vzero
     [kv_heads, num_blocks, bs] fp16 (value = vzero + code * vscale); stage_of [num_blocks] (-1 or

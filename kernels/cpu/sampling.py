@@ -1,5 +1,5 @@
 """The sampler's last step on the CPU (sampling.cpp): per row, argmax of probs / the seeded Exp(1)
-noise of cloud/engine/sampler.py `exponential_noise` (the reference), in one pass without
+noise of cloud/engine/sampling/sampler.py `exponential_noise` (the reference), in one pass without
 materializing the noise. Same arithmetic; see the C++ file for the one last-bit caveat.
 
 Built once per machine (build.py); `available()` is False where it cannot be built, and the sampler

@@ -1,7 +1,7 @@
 """Paged decode attention (one new query per request) over an int8 / int4 quantized KV cache, split-KV
 (flash-decoding) and GQA-packed, dequantizing in registers: no full-precision copy of the cache.
 
-Cache layout (per layer, as cloud/engine/quantized_kv_cache.py keeps it):
+Cache layout (per layer, as cloud/engine/kv/quantized_cache.py keeps it):
 
     kq, vq          [kv_heads, num_blocks, block_size, w] uint8 codes; w = d (int8) or d / 2 (int4:
                     even channel in the low nibble, odd channel in the high nibble)

@@ -21,8 +21,8 @@ import openai
 import pytest
 import uvicorn
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import LoadedModel
 from cloud.serving.in_process import InProcessBackend
 from edge.agent import Agent

@@ -13,9 +13,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import LoadedModel
 from cloud.serving.in_process import InProcessBackend
 from gateway.access.keys import KeyStore

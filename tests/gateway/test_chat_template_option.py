@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import LoadedModel
 from cloud.serving.in_process import InProcessBackend
 from ctxfuse.cli import build_parser

@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import LoadedModel
 from cloud.serving.in_process import InProcessBackend
 from gateway.config import GatewayConfig

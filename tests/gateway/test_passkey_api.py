@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 from cloud.bench.longctx_data import CaseSpec, Encoder, Task, is_correct, make_case
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import SparseConfig
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import LoadedModel
 from cloud.serving.in_process import InProcessBackend
 

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from cloud.engine.engine_process import Refusal
+from cloud.engine.serving.engine_process import Refusal
 from cloud.serving.in_process import InProcessBackend
 from cloud.serving.process import ProcessBackend
 from shared.block_hash import hash_block

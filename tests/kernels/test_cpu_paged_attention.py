@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 import torch
 
-from cloud.engine.attention import AttentionMetadata, DenseAttention
+from cloud.engine.attention.dense import AttentionMetadata, DenseAttention
+from cloud.engine.attention.sparse import SparseAttention
 from cloud.engine.config import SparseConfig
-from cloud.engine.kv_cache import KVCache
-from cloud.engine.quantized_kv_cache import QuantizedKVCache
-from cloud.engine.sparse_attention import SparseAttention
+from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.quantized_cache import QuantizedKVCache
 from kernels.cpu import paged_attention as pa
 from kernels.triton.paged_decode import paged_decode_reference
 from kernels.triton.paged_decode_quant import paged_decode_quant_reference

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from cloud.engine.attention import AttentionMetadata, DenseAttention, PrefillSeq
-from cloud.engine.cpu_attention import CpuKernelAttention
-from cloud.engine.kv_cache import KVCache
-from cloud.engine.quantized_kv_cache import QuantizedKVCache
+from cloud.engine.attention.cpu import CpuKernelAttention
+from cloud.engine.attention.dense import AttentionMetadata, DenseAttention, PrefillSeq
+from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.quantized_cache import QuantizedKVCache
 from kernels.cpu import paged_attention as pa
 
 pytestmark = pytest.mark.skipif(not pa.available(), reason="the C++ extension cannot be built here")

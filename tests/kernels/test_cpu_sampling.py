@@ -1,12 +1,12 @@
 """The CPU sampler's fused last step (kernels/cpu/sampling.py) against the engine's PyTorch spelling,
-cloud/engine/sampler.py: the same noise, the same chosen tokens."""
+cloud/engine/sampling/sampler.py: the same noise, the same chosen tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from cloud.engine.sampler import exponential_noise
+from cloud.engine.sampling.sampler import exponential_noise
 from kernels.cpu import sampling
 
 pytestmark = pytest.mark.skipif(not sampling.available(), reason="the C++ extension cannot be built here")

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from cloud.engine.attention import DenseAttention
-from cloud.engine.kv_cache import KVCache
+from cloud.engine.attention.dense import DenseAttention
+from cloud.engine.kv.cache import KVCache
 from kernels.triton.paged_decode import (
     decode_bytes_read,
     default_num_splits,

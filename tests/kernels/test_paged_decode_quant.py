@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from cloud.engine.attention import DenseAttention
-from cloud.engine.quantized_kv_cache import QuantizedKVCache
+from cloud.engine.attention.dense import DenseAttention
+from cloud.engine.kv.quantized_cache import QuantizedKVCache
 from kernels.triton.paged_decode_quant import (
     decode_dense_bytes_read,
     decode_quant_bytes_read,

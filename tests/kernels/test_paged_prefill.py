@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from cloud.engine.attention import AttentionMetadata, DenseAttention, PrefillSeq
-from cloud.engine.kv_cache import KVCache
+from cloud.engine.attention.dense import AttentionMetadata, DenseAttention, PrefillSeq
+from cloud.engine.kv.cache import KVCache
 from kernels.triton.paged_prefill import paged_prefill, paged_prefill_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

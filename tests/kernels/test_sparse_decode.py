@@ -204,10 +204,10 @@ def test_full_selection_equals_dense_attention(group: int, d: int) -> None:
     [(2, 3, 64, torch.float32), (1, 8, 128, torch.float32), (2, 1, 64, torch.bfloat16)],
 )
 def test_matches_engine_sparse_decode(kv_heads: int, group: int, d: int, dtype: torch.dtype) -> None:
-    from cloud.engine.attention import DenseAttention
+    from cloud.engine.attention.dense import DenseAttention
+    from cloud.engine.attention.sparse import SparseAttention
     from cloud.engine.config import SparseConfig
-    from cloud.engine.kv_cache import KVCache
-    from cloud.engine.sparse_attention import SparseAttention
+    from cloud.engine.kv.cache import KVCache
 
     num_blocks, heads = 40, kv_heads * group
     lens = [19 * BS - 7, 8 * BS + 1, 7 * BS + 5]  # all above the budget (7 blocks)

@@ -1,6 +1,6 @@
 """The prefix keys of a request, as the router matches them.
 
-- For ctxfuse workers: the engine's own chained block hashes of the prompt (cloud/engine/block_pool.py
+- For ctxfuse workers: the engine's own chained block hashes of the prompt (cloud/engine/kv/block_pool.py
   `hash_block` over `block_size`-token blocks), from the same chat template and tokenizer the worker
   uses, so a key names exactly a KV block a worker may hold. Image spans are left out: a prompt with
   images matches up to its first image's block (the worker mixes the image hash in from there).

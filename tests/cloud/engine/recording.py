@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cloud.engine.sampler import Sampler, SamplingBatch
+from cloud.engine.sampling.sampler import Sampler, SamplingBatch
 from shared.engine_types import SampleResult
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import LoadedModel
 from shared.engine_types import RequestOutput, SamplingParams
 from shared.errors import InvalidRequestError

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.embedding import Embedder, EmbedJob, causal_window_attention
+from cloud.engine.serving.async_engine import AsyncEngine
 
 # a 16-token chunk: the batch below packs several inputs into one chunk and splits the longest
 CONFIG = EngineConfig(

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from cloud.engine.async_engine import AsyncEngine
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
+from cloud.engine.serving.async_engine import AsyncEngine
 from cloud.model.loading import load_model
 from shared.engine_types import SamplingParams
 from shared.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError, QueueFullError

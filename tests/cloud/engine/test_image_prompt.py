@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.engine.block_pool import BlockPool
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.kv_manager import KVManager
+from cloud.engine.kv.block_pool import BlockPool
+from cloud.engine.kv.manager import KVManager
 from cloud.engine.request import Request
 from cloud.text.image_text import render_image
 from shared.engine_types import ImageSpan, SamplingParams

@@ -11,7 +11,7 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.kv_cache import KVCache
+from cloud.engine.kv.cache import KVCache
 from shared.engine_types import SamplingParams
 
 from .recording import RecordingSampler

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cloud.engine.attention import AttentionMetadata, DenseAttention
-from cloud.engine.block_pool import BlockPool
+from cloud.engine.attention.dense import AttentionMetadata, DenseAttention
 from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.kv_cache import KVCache
+from cloud.engine.kv.block_pool import BlockPool
+from cloud.engine.kv.cache import KVCache
 from cloud.engine.request import FinishReason, Request
-from cloud.engine.scheduler import Scheduler, SchedulerConfig
+from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from cloud.model.config import ModelConfig
 from cloud.model.rope import RotaryEmbedding
 from shared.engine_types import SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from cloud.engine.profile import _SelfAttention
+from cloud.engine.runner.profile import _SelfAttention
 from cloud.model.llama import LlamaModel
 from kernels.cpu import norm_rope
 

@@ -9,7 +9,7 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.sampler import Sampler, SamplingBatch
+from cloud.engine.sampling.sampler import Sampler, SamplingBatch
 from cloud.model.linear import Kernel, WeightPlan, plan_weights
 from kernels.cpu.gguf_matmul import available, dequantize_reference
 from shared.engine_types import SampleResult, SamplingParams

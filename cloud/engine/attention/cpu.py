@@ -1,0 +1,120 @@
+"""The attention backend on a CPU with the compiled kernels (kernels/cpu/paged_attention.py): decode
+rows read the paged cache in place, dequantize int8 / int4 codes in registers and attend over
+Quest's selected blocks without gathering them, threaded over (request, KV head, context split);
+prefill chunks over an fp32 cache attend causally to the cached prefix and themselves in place,
+threaded over (KV head, run of positions), 2x PyTorch's CPU flash kernel at 7K. It is the PyTorch
+backend it wraps everywhere else, and that stays the reference: fp8 caches, sliding-window rows
+(their sinks are rotated), sparse attention over a quantized cache, prefill over a quantized cache
+(the reference attends to the chunk's own keys unrounded) and sparse prefill past the budget.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cloud.engine.attention.dense import AnyKVCache, AttentionMetadata, PrefillSeq
+from cloud.engine.attention.kernel import KernelAttention
+from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.fp8_cache import Fp8KVCache
+from cloud.engine.kv.quantized_cache import QuantizedKVCache
+from kernels.cpu.paged_attention import (
+    paged_decode_cpu,
+    paged_decode_quant_cpu,
+    prefill_attention_cpu,
+    sparse_paged_decode_cpu,
+)
+
+
+class CpuKernelAttention(KernelAttention):
+    def __call__(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: AnyKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        nd = meta.num_decode
+        if meta.decode_shift is not None or isinstance(cache, Fp8KVCache):
+            return self.reference(layer, q, k, v, cache, meta)
+        decode = None
+        if nd:
+            tables, lens = meta.decode_blocks, meta.decode_lens
+            if tables is None or lens is None:
+                raise ValueError("decode rows without block tables or lengths in the attention metadata")
+            decode = self._decode(layer, q[:nd], cache, tables, lens)
+            if decode is None:
+                return self.reference(layer, q, k, v, cache, meta)
+            if not meta.prefills:
+                return decode
+        out = torch.empty_like(q)
+        if decode is not None:
+            out[:nd] = decode
+        self.prefill_rows(layer, q, k, v, cache, meta, out)
+        return out
+
+    def prefill_kernel(
+        self, layer: int, q: torch.Tensor, cache: AnyKVCache, seq: PrefillSeq, out: torch.Tensor
+    ) -> bool:
+        """The C++ prefill kernel takes a chunk over an fp32 cache (it reads the chunk's own keys
+        there, as written) with dense attention (the reference's sparse prefill starts past the
+        budget) and no dropped window."""
+        s = self.sparse
+        if (
+            type(cache) is not KVCache  # quantized or fp8: the reference keeps the chunk's keys unrounded
+            or cache.dtype != torch.float32
+            or q.dtype != torch.float32
+            or seq.sink_shift
+            or (s is not None and self.sparse_layer(layer) and seq.start_pos > s.config.budget)
+        ):
+            return False
+        kc, vc = cache.blocks_view(layer)
+        prefill_attention_cpu(q, kc, vc, seq.block_table, seq.start_pos, self.dense.scale, out=out)
+        return True
+
+    def _decode(
+        self, layer: int, q: torch.Tensor, cache: AnyKVCache, tables: torch.Tensor, lens: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Decode rows with the kernels, or None where the reference must run."""
+        scale = self.dense.scale
+        s = self.sparse
+        sparse = self.sparse_layer(layer)
+        if isinstance(cache, QuantizedKVCache):
+            if sparse:
+                return None
+            return paged_decode_quant_cpu(
+                q,
+                cache.kq[layer],
+                cache.vq[layer],
+                cache.summaries.kmin[layer],
+                cache.summaries.kmax[layer],
+                cache.vscale[layer],
+                cache.vzero[layer],
+                cache.stage_of,
+                cache.stage_k[layer],
+                cache.stage_v[layer],
+                tables,
+                lens,
+                scale,
+                cache.bits,
+            )
+        if not isinstance(cache, KVCache):
+            return None
+        kc, vc = cache.blocks_view(layer)
+        if not sparse or s is None:
+            # every layer of a step reads the same tables with the same shapes: checked once, at layer 0
+            return paged_decode_cpu(q, kc, vc, tables, lens, scale, check=layer == 0)
+        # Quest's selection (the PyTorch bound, two small matmuls), then attention over the picked
+        # blocks in place; a row within the budget attends densely, as the reference does
+        out = torch.empty_like(q)
+        over = lens > s.config.budget
+        rows = over.nonzero().squeeze(1)
+        if rows.numel():
+            sel, keep = s.select(layer, q[rows], cache, tables[rows], lens[rows])
+            selected = torch.where(keep, sel, -1).to(torch.int32)
+            out[rows] = sparse_paged_decode_cpu(q[rows], kc, vc, tables[rows], selected, lens[rows], scale)
+        rest = (~over).nonzero().squeeze(1)
+        if rest.numel():
+            out[rest] = paged_decode_cpu(q[rest], kc, vc, tables[rest], lens[rest], scale)
+        return out

@@ -1,0 +1,150 @@
+"""The paged KV cache in full precision: per layer, keys and values for every slot of every block.
+
+Layout [kv_heads, num_blocks * block_size, head_dim]: viewed as [kv_heads, num_blocks, block_size,
+head_dim], one request's blocks gather into a contiguous [kv_heads, ctx, head_dim] with a single
+index_select, the shape attention wants.
+Slot s lives in block s // block_size at offset s % block_size. Only the model runner writes here;
+the block pool decides which slots belong to whom. `QuantizedKVCache` (quantized_kv_cache.py) has
+the same interface; this one is its reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cloud.engine.kv.key_summary import KeySummaries, StepSlots
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        track_summaries: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        slots = num_blocks * block_size
+        store = self.storage_dtype(dtype)
+        shape = (num_kv_heads, slots, head_dim)
+        self.k = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(num_layers)]
+        self.summaries = (
+            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim, self.device)
+            if track_summaries
+            else None
+        )
+        self._step: StepSlots | None = None
+
+    @staticmethod
+    def storage_dtype(dtype: torch.dtype) -> torch.dtype:
+        """What a slot holds (Fp8KVCache stores codes instead)."""
+        return dtype
+
+    def blocks_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of a layer as [kv_heads, num_blocks, block_size, d] views (what kernels read)."""
+        h, d, bs = self.num_kv_heads, self.head_dim, self.block_size
+        return self.k[layer].view(h, self.num_blocks, bs, d), self.v[layer].view(h, self.num_blocks, bs, d)
+
+    @staticmethod
+    def bytes_per_token(
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        block_size: int = 16,
+        track_summaries: bool = False,
+    ) -> float:
+        size: float = 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        if track_summaries:
+            size += KeySummaries.bytes_per_token(num_layers, num_kv_heads, head_dim, block_size)
+        return float(size)
+
+    def begin_step(self, slot_mapping: torch.Tensor, device_slots: torch.Tensor | None = None) -> None:
+        """Called once per step before the layers write: where the step's tokens go (only the key
+        summaries need it). device_slots: the same slots on the cache's device, as `write` gets them."""
+        if self.summaries is not None:
+            self._step = StepSlots.of(slot_mapping if device_slots is None else device_slots, self.block_size)
+
+    def _slots(self, slot_mapping: torch.Tensor) -> StepSlots:
+        step = self._step
+        if step is None or step.slots is not slot_mapping:
+            step = self._step = StepSlots.of(slot_mapping, self.block_size)
+        return step
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        # k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
+        self.k[layer].index_copy_(1, slot_mapping, self.encode(layer, k, 0).transpose(0, 1))
+        self.v[layer].index_copy_(1, slot_mapping, self.encode(layer, v, 1).transpose(0, 1))
+        if self.summaries is not None:
+            self.summaries.update(layer, k, self._slots(slot_mapping))
+
+    def encode(self, layer: int, x: torch.Tensor, which: int) -> torch.Tensor:
+        """x: [tokens, kv_heads, d] as stored (which: 0 keys, 1 values); the identity here."""
+        return x
+
+    def decode(self, layer: int, x: torch.Tensor, which: int, head_axis: int) -> torch.Tensor:
+        """Stored slots back to the run dtype (x's KV heads on `head_axis`); the identity here."""
+        return x
+
+    def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per block key min and max: [kv_heads, num_blocks, d] fp16 each."""
+        if self.summaries is None:
+            raise RuntimeError("this KV cache keeps no key summaries (sparse attention turns them on)")
+        return self.summaries.kmin[layer], self.summaries.kmax[layer]
+
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole blocks, in table order. blocks: [nb] -> k, v of [kv_heads, nb * block_size, dim];
+        [batch, nb] -> [batch, kv_heads, nb * block_size, dim]. Gathering blocks rather than slots
+        moves contiguous runs of block_size rows per index."""
+        k_all, v_all = self.k[layer], self.v[layer]
+        h, _, d = k_all.shape
+        bs = self.block_size
+        if blocks.dim() == 1 and _consecutive(blocks):
+            # blocks allocated in one go from a fresh pool lie side by side: a view, no copy
+            lo, hi = int(blocks[0]) * bs, (int(blocks[-1]) + 1) * bs
+            return self.decode(layer, k_all[:, lo:hi], 0, 0), self.decode(layer, v_all[:, lo:hi], 1, 0)
+        flat = blocks.reshape(-1)
+        k = k_all.view(h, self.num_blocks, bs, d).index_select(1, flat)  # [h, nb_total, bs, d]
+        v = v_all.view(h, self.num_blocks, bs, d).index_select(1, flat)
+        k, v = self.decode(layer, k, 0, 0), self.decode(layer, v, 1, 0)
+        return as_context(k, blocks), as_context(v, blocks)
+
+    def gather_per_head(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each KV head its own blocks. blocks: [kv_heads, n] -> [kv_heads, n * bs, d];
+        [batch, kv_heads, n] -> [batch, kv_heads, n * bs, d]."""
+        h, d, bs = self.num_kv_heads, self.head_dim, self.block_size
+        heads = head_index(blocks)
+        k = self.k[layer].view(h, self.num_blocks, bs, d)[heads, blocks]  # [..., h, n, bs, d]
+        v = self.v[layer].view(h, self.num_blocks, bs, d)[heads, blocks]
+        k, v = self.decode(layer, k, 0, -4), self.decode(layer, v, 1, -4)
+        return k.flatten(-3, -2), v.flatten(-3, -2)
+
+
+def as_context(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Gathered blocks [h, n_total, bs, d] to the context attention reads: [h, n * bs, d] for a table
+    blocks [n], [b, h, n * bs, d] for tables [b, n]."""
+    h, _, bs, d = x.shape
+    if blocks.dim() == 1:
+        return x.view(h, -1, d)
+    b, nb = blocks.shape
+    return x.view(h, b, nb * bs, d).transpose(0, 1)
+
+
+def head_index(blocks: torch.Tensor) -> torch.Tensor:
+    """For per-head block indices [..., kv_heads, n]: the matching head numbers, broadcastable."""
+    return torch.arange(blocks.shape[-2], device=blocks.device).view(-1, 1)
+
+
+def _consecutive(blocks: torch.Tensor) -> bool:
+    n = blocks.numel()
+    return n > 0 and int(blocks[-1]) - int(blocks[0]) == n - 1 and bool((blocks.diff() == 1).all())

@@ -1,0 +1,278 @@
+"""The model runner owns the device side: it turns a SchedulerOutput (ids, counts, block ids) into
+tensors, runs the model over the step's tokens and samples the requests that reached their end.
+
+Per step (decode rows first, then prefill chunks):
+1. rows of finished and preempted requests leave the persistent input batch; admitted ones enter;
+   block tables grow by the blocks allocated since the last step;
+2. the step's inputs (token ids, positions, KV slots, batch rows, context lengths, the rows whose
+   logits are wanted, the block-table writes) are packed into one host buffer, pinned on a GPU,
+   and copied to the device at once;
+3. the model runs (a captured CUDA graph for a decode step at a captured batch size, see
+   cuda_graphs.py), the sampler picks tokens on the device, and `tolist()` brings them back: the
+   step's one synchronisation.
+The runner never reads the scheduler's Request: what it needs arrived in NewRequestData.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from cloud.engine.attention.dense import (
+    AnyKVCache,
+    AttentionBackend,
+    AttentionMetadata,
+    BoundAttention,
+    PrefillSeq,
+)
+from cloud.engine.attention.window import with_windows
+from cloud.engine.runner.cuda_graphs import CudaGraphs
+from cloud.engine.runner.input_batch import InputBatch
+from cloud.engine.sampling.sampler import Sampler, SampleRow, SamplingBatch
+from cloud.engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
+from cloud.model.causal_lm import CausalLM
+from shared.engine_types import SampleResult
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One step laid out for the model: the device tensors and what the host keeps of them."""
+
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor  # [sampled + prompt-scored] rows of the step
+    sample_rows: list[SampleRow]  # the sampled requests, in logits order
+    sample_steps: torch.Tensor  # [sampled] tokens each has generated
+    sample_index: torch.Tensor  # [sampled] their rows in the input batch
+    prompt_rows: list[tuple[str, int, int]]  # (request id, logits row, prompt position it predicts)
+    slots_host: torch.Tensor  # [tokens] the KV slots, on the host (quantized caches plan from them)
+    max_position: int
+    decode_batch_rows: list[int] = field(default_factory=list)  # input-batch rows of the decode rows
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: AnyKVCache,
+        attention: AttentionBackend,
+        sampler: Sampler,
+        sink_blocks: int = 0,
+        max_num_seqs: int = 32,
+        max_model_len: int = 8192,
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        c = model.config
+        windows = [model.attention_window(i) for i in range(c.num_layers)]
+        self.attention = with_windows(attention, windows, c.head_dim, sink_blocks)
+        self.sampler = sampler
+        self.block_size = cache.block_size
+        self.sink_blocks = sink_blocks  # of a sliding-window request
+        self.device = model.device
+        self.batch = InputBatch(max_num_seqs, -(-max_model_len // self.block_size) + 1, self.device)
+        self.pin = self.device.type == "cuda"
+        self.graphs: CudaGraphs | None = None  # set when decode steps replay captured graphs
+
+    # -- the input batch --------------------------------------------------------------------
+
+    def _update_batch(self, out: SchedulerOutput) -> list[tuple[ScheduledChunk, int]]:
+        """Rows in and out, tables up to date; each chunk with its batch row."""
+        for rid in out.finished + out.preempted:
+            self.batch.remove(rid)
+        placed = []
+        for c in out.chunks:
+            row = self.batch.add(c.request_id, c.new) if c.new is not None else self.batch.rows[c.request_id]
+            self.batch.set_blocks(row, c.block_ids)
+            placed.append((c, row))
+        self.batch.flush_params()
+        return placed
+
+    def _dropped(self, c: ScheduledChunk, row: int) -> int:
+        """Tokens a sliding-window request dropped between its sinks and its window (0: none)."""
+        if not self.batch.sliding[row] or -1 not in c.block_ids:
+            return 0
+        live = [i for i, b in enumerate(c.block_ids) if b >= 0]
+        return (live[self.sink_blocks] - self.sink_blocks) * self.block_size
+
+    # -- laying a step out ------------------------------------------------------------------
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        placed = self._update_batch(out)
+        bs = self.block_size
+        decode = [p for p in placed if len(p[0].token_ids) == 1]
+        prefill = [p for p in placed if len(p[0].token_ids) > 1]
+        ids: list[int] = []
+        pos: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        for c, _ in decode + prefill:
+            p = np.arange(c.start_pos, c.start_pos + len(c.token_ids))
+            blocks = np.asarray(c.block_ids)
+            ids.extend(c.token_ids)
+            pos.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+        shifts = [self._dropped(c, row) for c, row in decode]
+        ctx = [c.start_pos + 1 - dropped for (c, _), dropped in zip(decode, shifts, strict=True)]
+        logits_rows, sample_rows, sample_index, prompt_rows = self._logit_rows(decode + prefill)
+        steps = [len(r.token_ids) - r.num_prompt_tokens for r in sample_rows]
+        seqs_host = []
+        row_at = len(decode)
+        for c, row in prefill:
+            n = len(c.token_ids)
+            dropped = self._dropped(c, row)
+            start = c.start_pos - dropped  # in the compacted context: sinks, then the window
+            seqs_host.append((row_at, n, start, row, -(-(start + n) // bs), dropped))
+            row_at += n
+        writes = self.batch.take_table_writes()
+        parts = {
+            "ids": ids,
+            "pos": np.concatenate(pos).tolist(),
+            "slots": np.concatenate(slots).tolist(),
+            "decode_rows": [row for _, row in decode],
+            "ctx": ctx,
+            "shift": shifts if any(shifts) else [],
+            "logits": logits_rows,
+            "steps": steps,
+            "sample_index": sample_index,
+            "cu_q": [len(decode)] + [q_start + n for q_start, n, *_ in seqs_host],
+            "pstart": [start for _, _, start, *_ in seqs_host],
+            "prows": [row for _, _, _, row, *_ in seqs_host],
+            "write_at": [i for i, _ in writes],
+            "write_ids": [b for _, b in writes],
+        }
+        dev = self._upload(parts)
+        if writes:
+            self.batch.block_table.view(-1)[dev["write_at"]] = dev["write_ids"].to(torch.int32)
+        table = self.batch.block_table
+        decode_blocks = decode_mask = decode_lens = decode_shift = None
+        if decode:
+            width = max(-(-n // bs) for n in ctx)
+            decode_blocks = table[dev["decode_rows"], :width].long()
+            decode_lens = dev["ctx"]
+            if any(n < width * bs for n in ctx):
+                valid = torch.arange(width * bs, device=self.device)[None, :] < decode_lens[:, None]
+                decode_mask = valid[:, None, None, :]  # [b, 1, 1, width]
+            if any(shifts):
+                decode_shift = dev["shift"]
+        seqs = [
+            PrefillSeq(q_start, n, start, table[row, :nb].long(), dropped)
+            for q_start, n, start, row, nb, dropped in seqs_host
+        ]
+        meta = AttentionMetadata(
+            dev["slots"],
+            len(decode),
+            decode_blocks,
+            decode_mask,
+            seqs,
+            decode_lens,
+            decode_shift,
+            self.sink_blocks * bs,
+        )
+        meta.max_decode_len = max(ctx, default=0)
+        if seqs_host:
+            meta.prefill_cu_q = dev["cu_q"] - len(decode)  # offsets within the prefill rows
+            meta.prefill_start = dev["pstart"]
+            meta.prefill_tables = table[dev["prows"], : max(nb for *_, nb, _ in seqs_host)]
+            meta.max_prefill_len = max(n for _, n, *_ in seqs_host)
+        return StepInputs(
+            dev["ids"],
+            dev["pos"],
+            meta,
+            dev["logits"],
+            sample_rows,
+            dev["steps"],
+            dev["sample_index"],
+            prompt_rows,
+            torch.tensor(parts["slots"], dtype=torch.long),
+            max(int(p[-1]) for p in pos),
+            [row for _, row in decode],
+        )
+
+    def _logit_rows(
+        self, ordered: list[tuple[ScheduledChunk, int]]
+    ) -> tuple[list[int], list[SampleRow], list[int], list[tuple[str, int, int]]]:
+        """The step rows whose next-token logits are wanted: sampled rows first, then prompt-scored."""
+        rows: list[int] = []
+        sampled: list[SampleRow] = []
+        index: list[int] = []
+        prompt: list[tuple[str, int, int]] = []
+        at = 0
+        for c, row in ordered:
+            n = len(c.token_ids)
+            state = self.batch.state[row]
+            if state is None:
+                raise RuntimeError(f"request {c.request_id} has no row in the input batch")
+            if c.sample:
+                rows.append(at + n - 1)
+                sampled.append(state)
+                index.append(row)
+            if state.params.prompt_logprobs is not None:
+                last = min(c.start_pos + n, state.num_prompt_tokens - 1)  # predicting prompt tokens only
+                prompt += [(c.request_id, at + p - c.start_pos, p + 1) for p in range(c.start_pos, last)]
+            at += n
+        return rows + [r for _, r, _ in prompt], sampled, index, prompt
+
+    def _upload(self, parts: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+        """Every list as an int64 tensor on the device, from one packed host buffer and one copy."""
+        sizes = [len(v) for v in parts.values()]
+        host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=self.pin)
+        flat = [x for v in parts.values() for x in v]
+        if flat:
+            host.copy_(torch.tensor(flat, dtype=torch.long))
+        dev = host.to(self.device, non_blocking=True) if self.device.type != "cpu" else host
+        return dict(zip(parts, dev.split(sizes), strict=True))
+
+    # -- running it -------------------------------------------------------------------------
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Compute the step: the sampled token of every chunk that reached its end, and the prompt
+        logprobs of chunks whose request asked for them."""
+        result = StepResult()
+        if not out.chunks:
+            for rid in out.finished + out.preempted:
+                self.batch.remove(rid)
+            return result
+        step = self.prepare(out)
+        self.cache.begin_step(step.slots_host, step.meta.slot_mapping)
+        logits = self._forward(step)
+        n = len(step.sample_rows)
+        if n:
+            floats = self.batch.floats[step.sample_index]
+            ints = self.batch.ints[step.sample_index]
+            batch = SamplingBatch(
+                step.sample_rows,
+                floats[:, 0],
+                ints[:, 0],
+                floats[:, 1],
+                floats[:, 2],
+                ints[:, 1],
+                step.sample_steps,
+            )
+            samples = self.sampler(logits[:n], batch)
+            for row, res in zip(step.sample_rows, samples, strict=True):
+                row.token_ids.append(res.token_id)
+            result.sampled = {r.request_id: res for r, res in zip(step.sample_rows, samples, strict=True)}
+        if step.prompt_rows:
+            states = {r.request_id: r for r in self.batch.state if r is not None}
+            targets = [states[rid].token_ids[p] for rid, _, p in step.prompt_rows]
+            tops = [states[rid].params.prompt_logprobs or 0 for rid, _, _ in step.prompt_rows]
+            scored = self.sampler.score(logits[n:], targets, tops)
+            for (rid, _, p), res in zip(step.prompt_rows, scored, strict=True):
+                result.prompt_logprobs.setdefault(rid, []).append((p, res))
+        return result
+
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(step):
+            return self.graphs.run(step)
+        bound = BoundAttention(self.attention, self.cache, step.meta)
+        return self.model.forward(step.input_ids, step.positions, bound, step.logits_rows, step.max_position)
+
+
+@dataclass(slots=True)
+class StepResult:
+    sampled: dict[str, SampleResult] = field(default_factory=dict)  # request id -> its new token
+    # request id -> (prompt position, logprob of the prompt token there given what precedes it)
+    prompt_logprobs: dict[str, list[tuple[int, SampleResult]]] = field(default_factory=dict)
