@@ -128,6 +128,9 @@ class RequestOutput:
     prompt_logprobs: list[SampleResult] | None = None
     queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
     error: str | None = None
+    # why a choice that finished with "error" did, when the client caused it (e.g. grammar_dead_end);
+    # None: the engine failed
+    error_code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,12 @@ class _Choice:
     prompt_logprobs: dict[int, SampleResult] | None = None  # by prompt position, while prefilling
 
 
+GRAMMAR_DEAD_END = (
+    "the output reached a point where its grammar allows no token the model can write (a dead end in "
+    "the grammar); the output so far is incomplete"
+)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
@@ -320,8 +326,11 @@ class EngineCore:
     def _emit(self, ev: TokenEvent, res: SampleResult) -> RequestOutput:
         req = ev.request
         if res.rejected:  # never let output that left its grammar through as if it were fine
+            # the grammar allowed no token here (a dead end in it): this choice ends, the others go on
             self.scheduler.finish(req.request_id, FinishReason.ERROR)
-            return self._final(req, FinishReason.ERROR, "engine error: the grammar rejected a sampled token")
+            out = self._final(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
+            out.error_code = "grammar_dead_end"
+            return out
         choice = self._choices[req.request_id]
         stop_token = ev.finish is FinishReason.STOP and ev.token_id in self._stop_ids(req)
         text, hit_stop = choice.text.add(ev.token_id, emit_text=not stop_token)

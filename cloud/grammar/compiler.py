@@ -24,6 +24,7 @@ from shared.grammar_spec import GrammarSpec
 from .compiled import CompiledGrammar
 from .formats import grammar_schema
 from .llg_engine import compile_llg, llg_tokenizer
+from .productive import unproductive_rules
 from .schema_paths import RefError
 from .schema_support import check_schema
 from .tool_grammar import tool_call_structural_tag
@@ -107,8 +108,10 @@ class GrammarCompiler:
             if spec.kind == "tool_calls":
                 _xgrammar_only(json.loads(spec.source)["functions"])
             if spec.kind == "regex":
+                _refuse_unfinishable(xgr.Grammar.from_regex(spec.source), spec)
                 return self._compiler.compile_regex(spec.source)
             if spec.kind == "ebnf":
+                _refuse_unfinishable(xgr.Grammar.from_ebnf(spec.source), spec)
                 return self._compiler.compile_grammar(spec.source, root_rule_name="root")
             return self._compiler.compile_structural_tag(tool_call_structural_tag(spec.source))
         except (RuntimeError, ValueError, RefError) as exc:
@@ -117,6 +120,21 @@ class GrammarCompiler:
                 param=spec.origin,
                 code=_CODE.get(spec.kind, "invalid_grammar"),
             ) from exc
+
+
+def _refuse_unfinishable(grammar: xgr.Grammar, spec: GrammarSpec) -> None:
+    """A grammar that derives no finite string is refused before decoding (productive.py): the model
+    could only write until max_tokens, and the answer would never match."""
+    stuck = unproductive_rules(str(grammar))
+    if stuck and "root" in stuck:
+        others = [name for name in stuck if name != "root"]
+        also = f" (nor can {', '.join(others[:5])})" if others else ""
+        raise InvalidRequestError(
+            f"the {_WHAT[spec.kind]} matches no finite string: its root can never be completed{also}, "
+            "so no output could ever match it",
+            param=spec.origin,
+            code=_CODE.get(spec.kind, "invalid_grammar"),
+        )
 
 
 def _xgrammar_only(functions: dict[str, Any]) -> None:

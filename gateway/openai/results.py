@@ -13,7 +13,7 @@ from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
 from gateway.seam import Backend, Generation
 from shared.engine_types import RequestOutput, SampleResult
-from shared.errors import EngineError
+from shared.errors import EngineError, InvalidRequestError
 from shared.protocol import PromptTokensDetails, Usage
 
 
@@ -63,6 +63,8 @@ class UsageTally:
 
 def check_finish(out: RequestOutput) -> None:
     """Raise for a finish the client did not cause: an engine error, or an abort from elsewhere (shutdown)."""
+    if out.finish_reason == "error" and out.error_code is not None:  # the request's own doing
+        raise InvalidRequestError(out.error or out.error_code, param=None, code=out.error_code)
     if out.finish_reason == "error":
         raise EngineError(out.error or "the engine failed on this request")
     if out.finish_reason == "abort":

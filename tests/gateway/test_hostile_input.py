@@ -11,6 +11,9 @@ import httpx
 import pytest
 
 from cloud.serving.in_process import InProcessBackend
+from gateway.openai.results import check_finish
+from shared.engine_types import RequestOutput
+from shared.errors import EngineError, InvalidRequestError
 
 from .conftest import GATEWAY, MODEL, Served, run_in_thread
 
@@ -95,6 +98,7 @@ def test_every_400_carries_a_code(
         ("guided_regex", "(ab", "invalid_regex"),
         ("guided_grammar", "root ::= undefined_rule", "invalid_grammar"),
         ("guided_grammar", 'start ::= "a"', "invalid_grammar"),
+        ("guided_grammar", 'root ::= "a" root', "invalid_grammar"),  # no finite string: never finishes
     ],
 )
 def test_a_grammar_that_cannot_compile_is_a_400_before_decoding(
@@ -121,3 +125,23 @@ def test_token_ids_as_embeddings_input_are_taken_by_default_and_refusable(
         assert text.status_code == 200 and len(text.json()["data"]) == 1
     finally:
         strict.stop()
+
+
+def test_a_grammar_dead_end_reaches_the_client_as_its_error_not_an_engine_failure() -> None:
+    """The core ends a dead-ended choice with the code (tests/cloud/engine/test_constrained_decoding.py);
+    the routes answer it as the request's own 400, an engine failure stays a 500."""
+    dead = RequestOutput(
+        "r",
+        0,
+        "",
+        [],
+        finished=True,
+        finish_reason="error",
+        error="a dead end",
+        error_code="grammar_dead_end",
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        check_finish(dead)
+    assert (err.value.status, err.value.code, err.value.message) == (400, "grammar_dead_end", "a dead end")
+    with pytest.raises(EngineError):
+        check_finish(RequestOutput("r", 0, "", [], finished=True, finish_reason="error", error="boom"))

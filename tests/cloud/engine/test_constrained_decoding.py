@@ -206,3 +206,30 @@ def test_a_slow_compilation_does_not_hold_up_other_requests(
         release.set()
         engine.shutdown()
     assert order == ["plain finished", "compilation released", "constrained finished"]
+
+
+def test_a_grammar_dead_end_ends_that_choice_with_a_readable_error_and_the_others_go_on(
+    core: EngineCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A matcher that allows no token (injected: a real vocabulary can spell every byte) ends its
+    choice with finish "error" and the client's code, not an engine failure; an unconstrained request
+    in the same batch finishes normally."""
+    prompt = ids_for(core, "Describe a person as JSON.")
+    core.add_request(
+        "stuck", prompt, SamplingParams(max_tokens=20, temperature=0, grammar=GrammarSpec.json_schema(PERSON))
+    )
+    core.add_request("free", prompt, SamplingParams(max_tokens=4, temperature=0))
+    masks = core.runner.sampler.grammars
+    accept = masks.accept
+    monkeypatch.setattr(
+        masks, "accept", lambda row, token: False if row.request_id == "stuck" else accept(row, token)
+    )
+    finals: dict[str, RequestOutput] = {}
+    while core.has_work():
+        for o in core.step():
+            if o.finished:
+                finals[o.request_id] = o
+    stuck, free = finals["stuck"], finals["free"]
+    assert (stuck.finish_reason, stuck.error_code) == ("error", "grammar_dead_end")
+    assert stuck.error is not None and "dead end" in stuck.error and "engine error" not in stuck.error
+    assert (free.finish_reason, free.error_code, free.num_output_tokens) == ("length", None, 4)

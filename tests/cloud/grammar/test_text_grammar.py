@@ -66,6 +66,8 @@ def test_equal_sources_compile_once(compiler: GrammarCompiler) -> None:
         (ebnf_spec, "root ::= foo", "invalid_grammar", 'Rule "foo" is not defined'),
         (ebnf_spec, 'start ::= "a"', "invalid_grammar", 'root rule with name "root" is not found'),
         (ebnf_spec, 'root ::= "a" |', "invalid_grammar", "Expect element"),
+        (ebnf_spec, 'root ::= "a" root', "invalid_grammar", "matches no finite string"),
+        (regex_spec, "[^\\x00-\\U0010FFFF]", "invalid_regex", "matches no finite string"),
     ],
 )
 def test_a_bad_source_is_a_400_naming_the_field_with_the_reason(
