@@ -93,7 +93,8 @@ def _type_code(reason: str) -> str:
 def decode_body(body: bytes, type_: type[T]) -> T:
     if not body.strip():
         raise InvalidRequestError("the request body is empty; expected a JSON object", code="invalid_json")
-    depth = nesting_depth(body)
+    # a body with few brackets cannot nest deeply: counting them (C speed) spares the scan
+    depth = 0 if body.count(b"[") + body.count(b"{") <= MAX_NESTING else nesting_depth(body)
     if depth > MAX_NESTING:
         raise InvalidRequestError(
             f"the request body nests {depth} levels of arrays and objects; at most {MAX_NESTING} are "

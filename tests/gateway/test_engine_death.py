@@ -217,8 +217,22 @@ def test_serve_exits_non_zero_when_its_engine_process_is_killed(gguf_path: Path,
             proc.wait()
 
 
-def test_worker_exits_non_zero_when_its_engine_loop_dies(gguf_path: Path, tmp_path: Path) -> None:
+def test_worker_exits_non_zero_when_its_engine_process_is_killed(gguf_path: Path, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "ctxfuse", "worker", "--port", "0", "--model", str(gguf_path)]
+    proc, base_url = _start([*cmd, "--served-model-name", MODEL, *_ENGINE_ARGS], tmp_path)
+    try:
+        stream = _stream_until_first_token(_client(base_url))
+        os.kill(_engine_child(proc.pid), signal.SIGKILL)
+        _dies_loudly(proc, base_url, stream, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_worker_exits_non_zero_when_its_in_process_engine_loop_dies(gguf_path: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", _WORKER_WITH_FAULT, "worker", "--port", "0", "--model", str(gguf_path)]
+    cmd += ["--engine-in-process"]  # the fault is injected into this process's EngineCore
     proc, base_url = _start([*cmd, "--served-model-name", MODEL, *_ENGINE_ARGS], tmp_path)
     try:
         stream = _stream_until_first_token(_client(base_url))
