@@ -107,12 +107,14 @@ class GrammarCompiler:
                 )
             if spec.kind == "tool_calls":
                 _xgrammar_only(json.loads(spec.source)["functions"])
-            if spec.kind == "regex":
-                _refuse_unfinishable(xgr.Grammar.from_regex(spec.source), spec)
-                return self._compiler.compile_regex(spec.source)
-            if spec.kind == "ebnf":
-                _refuse_unfinishable(xgr.Grammar.from_ebnf(spec.source), spec)
-                return self._compiler.compile_grammar(spec.source, root_rule_name="root")
+            if spec.kind in ("regex", "ebnf"):  # parsed once: checked, then compiled
+                parsed = (
+                    xgr.Grammar.from_regex(spec.source)
+                    if spec.kind == "regex"
+                    else xgr.Grammar.from_ebnf(spec.source)
+                )
+                _refuse_unfinishable(parsed, spec)
+                return self._compiler.compile_grammar(parsed)
             return self._compiler.compile_structural_tag(tool_call_structural_tag(spec.source))
         except (RuntimeError, ValueError, RefError) as exc:
             raise InvalidRequestError(

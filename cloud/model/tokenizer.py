@@ -197,7 +197,7 @@ class Tokenizer:
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as the backend's JSON: an engine process hands its tokenizer to the gateway
         state = (
-            self._backend.to_str(),
+            self.backend_json(),
             self.bos_id,
             self.eos_id,
             self.add_bos,
