@@ -31,7 +31,14 @@ from shared.errors import CtxfuseError
 def worker_engine(backend: InProcessBackend | ProcessBackend) -> WorkerEngine:
     """What a worker's internal routes read from its engine: the block events of its prefix cache
     (the core's own, or the mirror the engine process's batches keep), and its text side."""
-    text = describe_text_side(backend.model_name, backend.tokenizer, backend.chat_template)
+    text = describe_text_side(
+        backend.model_name,
+        backend.tokenizer,
+        backend.chat_template,
+        max_model_len=backend.max_model_len,
+        hidden_size=backend.hidden_size,
+        context_overflow=backend.context_overflow,
+    )
     return WorkerEngine(backend.block_size, backend.max_num_seqs, backend.block_events, text)
 
 

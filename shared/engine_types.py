@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.errors import InvalidRequestError
+from shared.errors import ContextLengthExceededError, InvalidRequestError
 from shared.grammar_spec import GrammarSpec
 
 # how an embedding is pooled over its positions (cloud/engine/embedding.py)
@@ -84,6 +84,31 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def default_max_tokens(policy: str, max_model_len: int, num_prompt_tokens: int) -> int:
+    """max_tokens for a request that sets none: what the prompt leaves of the context (as OpenAI).
+    Under the `policy`s that take any prompt (truncate_middle, sliding_window) a prompt that leaves
+    less than an eighth gets an eighth (its middle dropped to make room, or the window sliding on)."""
+    room = max_model_len - num_prompt_tokens
+    if policy != "error" and room < max_model_len // 8:
+        return max(1, max_model_len // 8)
+    return max(1, room)
+
+
+def check_text_size(policy: str, max_model_len: int, num_chars: int, max_token_bytes: int | None) -> None:
+    """Refuse, before tokenizing, a prompt whose text alone cannot fit the context: `num_chars`
+    characters are at least as many bytes, so at least num_chars / max_token_bytes tokens (the
+    tokenizer's bound; None: no bound, nothing refused). Only where overlong prompts are refused
+    (`policy` error); the other policies take any length."""
+    if max_token_bytes is None or policy != "error":
+        return
+    least = -(-num_chars // max_token_bytes)
+    if least >= max_model_len:
+        raise ContextLengthExceededError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt's "
+            f"{num_chars} characters of text are at least {least} tokens"
+        )
 
 
 @dataclass(frozen=True, slots=True)

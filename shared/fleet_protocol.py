@@ -6,6 +6,12 @@
 - `GET /internal/v1/blocks?epoch=E&since=N` (msgpack): the prefix-cache blocks stored and evicted
   since event N. A gateway that asks with another epoch (the worker restarted) or with an event the
   worker no longer keeps gets `reset: true` and, in `stored`, every block the worker holds now.
+- `POST /internal/v1/generate` (msgpack `GenerateRequest`): a request the router has planned (token
+  ids and sampling parameters: the engine seam, gateway/seam.py, over HTTP). A refusal is an error
+  status with the OpenAI error body; an accepted request streams `RequestOutput`s, each one frame
+  (`frame`: a 4-byte big-endian length, then msgpack). Closing the connection aborts the request.
+- `POST /internal/v1/embed` (msgpack `EmbedRequest`): float32 embeddings, row-major, little-endian,
+  `inputs` rows of the width the text side names.
 
 Block hashes are the engine's own (cloud/engine/kv/block_pool.py `hash_block`: BLAKE2b-128 chained over
 the parent's hash, the block's token ids and any extra key), so a gateway that tokenizes a prompt
@@ -15,6 +21,8 @@ with the same model can name the blocks it would need.
 from __future__ import annotations
 
 from msgspec import Struct
+
+from shared.engine_types import ImageSpan, Pooling, SamplingParams
 
 HASH_SCHEME = "blake2b128-chain-v1"  # what hash_block computes; a worker with another is not matched
 
@@ -59,3 +67,54 @@ class TextSide(Struct, kw_only=True):
     template: str  # the Jinja chat template the worker renders with (its --chat-template, if given)
     bos_token: str
     eos_token: str
+    # what a router needs to plan requests as the worker would (zeros from a worker older than them)
+    max_model_len: int = 0
+    hidden_size: int = 0  # the width of an embedding
+    context_overflow: str = "error"  # the worker's --context-overflow
+
+
+class GenerateRequest(Struct, kw_only=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams  # checked again by the worker: it trusts its router's key, not its input
+    priority: int = 0
+    image_spans: list[ImageSpan] = []
+
+
+class EmbedRequest(Struct, kw_only=True):
+    request_id: str
+    inputs: list[list[int]]
+    pooling: Pooling
+
+
+OUTPUTS_MEDIA = "application/x-ctxfuse-outputs"
+_LEN = 4
+
+
+def frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(_LEN, "big") + payload
+
+
+class Frames:
+    """Whole frames out of a byte stream cut anywhere."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._pending
+        buf += data
+        out, at = [], 0
+        while len(buf) - at >= _LEN:
+            size = int.from_bytes(buf[at : at + _LEN], "big")
+            if len(buf) - at - _LEN < size:
+                break
+            out.append(bytes(buf[at + _LEN : at + _LEN + size]))
+            at += _LEN + size
+        del buf[:at]
+        return out
+
+    @property
+    def partial(self) -> bool:
+        """Whether a frame was cut off (the stream ended inside it)."""
+        return bool(self._pending)

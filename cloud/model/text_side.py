@@ -72,10 +72,21 @@ def hf_text_side(d: Path) -> tuple[Tokenizer, ChatTemplate]:
     return tokenizer, ChatTemplate(chat_template, bos or "", eos or "")
 
 
-def describe_text_side(model: str, tokenizer: Tokenizer, template: ChatTemplate) -> TextSide:
+def describe_text_side(
+    model: str,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    *,
+    max_model_len: int = 0,
+    hidden_size: int = 0,
+    context_overflow: str = "error",
+) -> TextSide:
     """What a worker sends its router (GET /internal/v1/text-side)."""
     return TextSide(
         model=model,
+        max_model_len=max_model_len,
+        hidden_size=hidden_size,
+        context_overflow=context_overflow,
         tokenizer_json=tokenizer.backend_json(),
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,

@@ -23,6 +23,7 @@ class InProcessBackend:
         self.model_name = core.model_name
         self.max_model_len = core.max_model_len
         self.hidden_size = core.model_config.hidden_size
+        self.context_overflow: str = core.admission.overflow.policy
         self.tokenizer = core.tokenizer
         self.chat_template = core.chat_template
         self.block_size, self.max_num_seqs = core.kv_plan.block_size, core.config.max_num_seqs

@@ -93,6 +93,7 @@ class ProcessBackend:
         self._admission = hello.admission
         self.max_model_len = hello.admission.max_model_len
         self.hidden_size = hello.hidden_size
+        self.context_overflow: str = hello.admission.overflow.policy
         self.describe = hello.describe
         self._stats = hello.stats
         self.tokenizer, self.chat_template = hello.tokenizer, hello.chat_template

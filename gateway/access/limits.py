@@ -190,6 +190,10 @@ class SettleOnClose:
         self._open += 1
         return _Counted(gen, self)
 
+    def nothing_used(self) -> None:
+        """The request was never taken (the engine refused it): nothing is charged."""
+        self._limiter.settle(self._ticket, 0)
+
     def _count(self, tokens: int) -> None:
         self._used += tokens
 

@@ -7,24 +7,41 @@ routes, since a worker's prefix cache says something about its users' prompts.
   that holds no model file reads once.
 - `GET /internal/v1/blocks?epoch=E&since=N`: prefix-cache changes since event N (msgpack: a reset
   lists every held hash, tens of thousands of 16-byte values, which JSON would hex or base64).
+- `POST /internal/v1/generate` and `/internal/v1/embed`: the engine seam (gateway/seam.py) over
+  HTTP, for a router that planned the request itself (gateway/backends/fleet/engine.py). What
+  arrives is checked again as the engine checks anything submitted; a refusal is its error status.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import msgspec
-from litestar import Request, Response, get
+from litestar import Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.params import FromQuery
+from litestar.response import Stream
 
 from cloud.engine.kv.block_events import BlockEventLog
 from gateway.encoding import encode
-from gateway.seam import Backend
+from gateway.seam import Backend, Generation
 from gateway.state import Gateway
-from shared.fleet_protocol import HASH_SCHEME, TextSide, WorkerLoad, WorkerState
+from shared.errors import InvalidRequestError
+from shared.fleet_protocol import (
+    HASH_SCHEME,
+    OUTPUTS_MEDIA,
+    EmbedRequest,
+    GenerateRequest,
+    TextSide,
+    WorkerLoad,
+    WorkerState,
+    frame,
+)
 
 MSGPACK = "application/msgpack"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,4 +106,55 @@ async def text_side(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(msgspec.msgpack.encode(engine.text_side), media_type=MSGPACK)
 
 
-ROUTES = [state, text_side, blocks]
+def _decode(body: bytes, type_: type[T]) -> T:
+    try:
+        return msgspec.msgpack.decode(body, type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidRequestError(f"not a {type_.__name__} in msgpack: {exc}", code="invalid_body") from None
+
+
+async def _frames(gen: Generation) -> AsyncIterator[bytes]:
+    encode_output = msgspec.msgpack.Encoder().encode
+    try:
+        async for out in gen:
+            yield frame(encode_output(out))
+    finally:
+        gen.close()  # the router gone (its client disconnected) aborts the request here
+
+
+@post(
+    "/internal/v1/generate",
+    status_code=200,
+    summary="Run a planned request (msgpack in, RequestOutput frames out)",
+)
+async def generate(request: Request[Any, Any, Any]) -> Stream:
+    gw, backend, _ = _parts(request)
+    gw.check_taking_work()
+    req = _decode(await request.body(), GenerateRequest)
+    backend.check(req.prompt_token_ids, req.params)
+    gen = await backend.submit(
+        req.prompt_token_ids,
+        req.params,
+        req.request_id,
+        priority=req.priority,
+        image_spans=tuple(req.image_spans),
+    )
+    # closing it also when the body never starts (the router gone first)
+    return Stream(_frames(gen), media_type=OUTPUTS_MEDIA, background=BackgroundTask(gen.close))
+
+
+@post("/internal/v1/embed", status_code=200, summary="Embeddings of token ids (msgpack in, float32 rows out)")
+async def embed(request: Request[Any, Any, Any]) -> Response[bytes]:
+    gw, backend, _ = _parts(request)
+    gw.check_taking_work()
+    req = _decode(await request.body(), EmbedRequest)
+    vocab = backend.tokenizer.vocab_size
+    if not req.inputs or any(not ids or any(not 0 <= t < vocab for t in ids) for ids in req.inputs):
+        raise InvalidRequestError("every input must be a non-empty list of token ids in the vocabulary")
+    if max(len(ids) for ids in req.inputs) > backend.max_model_len:
+        raise InvalidRequestError(f"an input is longer than the context ({backend.max_model_len} tokens)")
+    rows = await backend.embed(req.inputs, req.pooling, req.request_id)
+    return Response(rows.astype("<f4", copy=False).tobytes(), media_type="application/octet-stream")
+
+
+ROUTES = [state, text_side, blocks, generate, embed]

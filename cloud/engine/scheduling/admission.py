@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cloud.engine.scheduling.overflow import OverflowPolicy
-from shared.engine_types import SamplingParams
+from shared.engine_types import SamplingParams, check_text_size
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 
 
@@ -22,18 +22,7 @@ class Admission:
         return self.overflow.default_max_tokens(num_prompt_tokens)
 
     def check_text_size(self, num_chars: int, max_token_bytes: int | None) -> None:
-        """Refuse, before tokenizing, a prompt whose text alone cannot fit the context: `num_chars`
-        characters are at least as many bytes, so at least num_chars / max_token_bytes tokens (the
-        tokenizer's bound; None: no bound, nothing refused). Only where overlong prompts are
-        refused (--context-overflow error); the other policies take any length."""
-        if max_token_bytes is None or self.overflow.policy != "error":
-            return
-        least = -(-num_chars // max_token_bytes)
-        if least >= self.max_model_len:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt's "
-                f"{num_chars} characters of text are at least {least} tokens"
-            )
+        check_text_size(self.overflow.policy, self.max_model_len, num_chars, max_token_bytes)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the client's mistake, if any, before anything is queued."""

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from cloud.engine.config import ContextOverflow
-from shared.engine_types import SamplingParams
+from shared.engine_types import SamplingParams, default_max_tokens
 from shared.errors import ContextLengthExceededError, InvalidRequestError
 
 
@@ -49,14 +49,7 @@ class OverflowPolicy:
         return self.any_length and num_prompt_tokens + max_tokens > self.max_model_len
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
-        """max_tokens for a request that sets none: what the prompt leaves of the context (as OpenAI).
-        Under truncate_middle or sliding_window a prompt that leaves less than an eighth gets an
-        eighth (its middle dropped to make room, or the window sliding on)."""
-        limit = self.max_model_len
-        room = limit - num_prompt_tokens
-        if self.policy != "error" and room < limit // 8:
-            return max(1, limit // 8)
-        return max(1, room)
+        return default_max_tokens(self.policy, self.max_model_len, num_prompt_tokens)
 
     def fit(self, prompt_token_ids: list[int], params: SamplingParams) -> tuple[list[int], int]:
         """The prompt to run and how many tokens truncate_middle dropped from it."""

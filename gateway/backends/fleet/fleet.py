@@ -4,6 +4,7 @@ the HTTP client they are reached with, and the metrics. Routes and the health ta
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import httpx
 import structlog
@@ -19,12 +20,20 @@ from gateway.backends.fleet.index import PrefixIndex
 from gateway.backends.fleet.keys import KeyMaker, RequestKeys, prompt_text
 from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
 from gateway.errors import ServiceUnavailableError
+from shared.fleet_protocol import TextSide
 from shared.keep_alive import ROUTER_KEEP_ALIVE_S
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 log = structlog.get_logger("ctxfuse.fleet")
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes before its whole (non-streamed) answer
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerText:
+    side: TextSide
+    tokenizer: Tokenizer
+    template: ChatTemplate
 
 
 class Fleet:
@@ -42,6 +51,7 @@ class Fleet:
         # the model's text side, to name prompt blocks: given (--model), or None until the first
         # ctxfuse worker's health check sends its own (health.py); until then prompts key by text
         self.keys = KeyMaker(tokenizer, template) if tokenizer is not None and template is not None else None
+        self.text_side: WorkerText | None = None  # a worker's: the model behind the seam (engine.py)
         self.index = PrefixIndex(config.index_blocks)
         self.canary = CanaryController(config.version_weights, config.canary, stable=config.stable_version)
         self.backends = [
@@ -93,8 +103,15 @@ class Fleet:
         self.metrics.rollbacks.labels(version=rollback.version).inc()
         self._export_version(rollback.version)
 
-    def adopt_text_side(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
-        self.keys = KeyMaker(tokenizer, template)
+    def adopt_text_side(
+        self, tokenizer: Tokenizer, template: ChatTemplate, side: TextSide | None = None
+    ) -> None:
+        """`side`: as a worker described it, with the tokenizer and template it loads to (None: a
+        tokenizer the router was given or loaded). Prefix keys keep what the router was given."""
+        if self.keys is None:
+            self.keys = KeyMaker(tokenizer, template)
+        if side is not None:
+            self.text_side = WorkerText(side, tokenizer, template)
 
     def request_keys(
         self, req: ChatCompletionRequest | CompletionRequest, count: bool

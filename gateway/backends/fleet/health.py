@@ -73,7 +73,7 @@ async def _check_worker(fleet: Fleet, b: FleetBackend) -> bool:
             log.info("worker_restarted", backend=b.name, epoch=state.epoch)
         fleet.index.forget(b.name)
         b.epoch, b.next_event = state.epoch, 0
-    if fleet.keys is None:  # the router holds no model file: it names blocks with the worker's
+    if fleet.text_side is None:  # what the router plans with (and names blocks with, given no model)
         await _adopt_text_side(fleet, b)
     await _read_events(fleet, b, state.epoch)
     return True
@@ -90,8 +90,8 @@ async def _adopt_text_side(fleet: Fleet, b: FleetBackend) -> None:
     except (msgspec.DecodeError, msgspec.ValidationError, ModelLoadError) as exc:
         log.warning("text_side_unreadable", backend=b.name, reason=str(exc))
         return
-    if fleet.keys is None:
-        fleet.adopt_text_side(tokenizer, template)
+    if fleet.text_side is None:
+        fleet.adopt_text_side(tokenizer, template, side)
         log.info("text_side_adopted", backend=b.name, model=side.model)
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 import structlog
@@ -34,9 +35,10 @@ log = structlog.get_logger("ctxfuse.fleet")
 
 VERSION_HEADER = "x-context-version"
 BACKEND_HEADER = "x-ctxfuse-backend"
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _PASSED_HEADERS = ("retry-after", "x-request-id")
 _BACKOFF_S = 0.05
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +79,28 @@ def _pick_version(fleet: Fleet, pinned: str | None) -> str | None:
 
 
 async def forward(fleet: Fleet, out: Outgoing) -> Response[bytes] | Stream:
-    version = _pick_version(fleet, out.pinned)
+    return await route(fleet, out.keys, out.model, out.pinned, lambda b: _send(fleet, b, out))
+
+
+async def route(
+    fleet: Fleet,
+    keys: RequestKeys,
+    model: str | None,
+    pinned: str | None,
+    send: Callable[[FleetBackend], Awaitable[T | str]],
+    tried: set[str] | None = None,
+) -> T:
+    """What `send` answers from the backend chosen for `keys`, trying another (at most
+    max_attempts in all) while one answers why it failed (a str) before anything was handed on;
+    `tried`: backends already tried for this request."""
+    version = _pick_version(fleet, pinned)
+    tried = set(tried or ())
     # a backend that serves another model is never a candidate (as if already tried)
-    tried = {b.name for b in fleet.backends if not b.serves(out.model)}
-    if len(tried) == len(fleet.backends):
+    tried |= {b.name for b in fleet.backends if not b.serves(model)}
+    if all(not b.serves(model) for b in fleet.backends):
         served = sorted({m for b in fleet.backends for m in b.models})
         raise NotFoundError(
-            f"the model `{out.model}` does not exist; the fleet serves {', '.join(served)}",
+            f"the model `{model}` does not exist; the fleet serves {', '.join(served)}",
             param="model",
             code="model_not_found",
         )
@@ -92,7 +109,7 @@ async def forward(fleet: Fleet, out: Outgoing) -> Response[bytes] | Stream:
         if attempt:
             fleet.metrics.retries.inc()
             await asyncio.sleep(_BACKOFF_S * 2 ** (attempt - 1) * (0.5 + fleet.rng.random()))
-        decision = _decide(fleet, out, version, tried)
+        decision = _decide(fleet, keys, pinned, version, tried)
         if decision is None:
             break
         b = decision.backend
@@ -101,8 +118,8 @@ async def forward(fleet: Fleet, out: Outgoing) -> Response[bytes] | Stream:
         annotate(backend=b.name, route_decision=decision.kind, matched_keys=decision.matched)
         # known as held from now: the same prefix arriving during this prefill (which may take
         # seconds, and no block event reports it before its end) follows it there
-        fleet.remember(b, out.keys)
-        answer = await _send(fleet, b, out)
+        fleet.remember(b, keys)
+        answer = await send(b)
         if isinstance(answer, str):
             last = f"{b.name}: {answer}"
             continue
@@ -110,16 +127,18 @@ async def forward(fleet: Fleet, out: Outgoing) -> Response[bytes] | Stream:
     raise ServiceUnavailableError(f"no backend could take the request ({last})")
 
 
-def _decide(fleet: Fleet, out: Outgoing, version: str | None, tried: set[str]) -> Decision | None:
+def _decide(
+    fleet: Fleet, keys: RequestKeys, pinned: str | None, version: str | None, tried: set[str]
+) -> Decision | None:
     probe = _probe(fleet, version, tried)
     if probe is not None:
         return Decision(probe, "probe", 0)
     candidates = _candidates(fleet, version, tried)
-    if not candidates and out.pinned is None:  # the version's backends are all down: any other
+    if not candidates and pinned is None:  # the version's backends are all down: any other
         candidates = [b for b in _candidates(fleet, None, tried) if fleet.canary.weights.get(b.spec.version)]
     if not candidates:
         return None
-    matched, total = fleet.match(out.keys, candidates)
+    matched, total = fleet.match(keys, candidates)
     return choose(fleet.config.policy, candidates, matched, total, fleet.rng)
 
 
@@ -138,12 +157,12 @@ async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes]
         try:
             resp = await fleet.client.send(req, stream=True)
         except httpx.HTTPError as exc:
-            return _failed(
+            return failed(
                 fleet, b, "connect" if isinstance(exc, httpx.ConnectError) else "transport", exc, start
             )
-        if resp.status_code in _RETRY_STATUSES:
+        if resp.status_code in RETRY_STATUSES:
             await resp.aclose()
-            return _failed(fleet, b, "status", f"answered {resp.status_code}", start)
+            return failed(fleet, b, "status", f"answered {resp.status_code}", start)
         headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
         headers[BACKEND_HEADER] = b.name  # which backend answered: for the client's logs and ours
         media = resp.headers.get("content-type", "application/json")
@@ -151,7 +170,7 @@ async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes]
             try:
                 content = await resp.aread()
             except httpx.HTTPError as exc:
-                return _failed(fleet, b, "transport", exc, start)
+                return failed(fleet, b, "transport", exc, start)
             finally:
                 await resp.aclose()
             fleet.metrics.latency.labels(backend=b.name).observe(time.monotonic() - start)
@@ -163,17 +182,17 @@ async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes]
         )
     finally:
         if not handed_over:
-            _done(fleet, b)
+            done(fleet, b)
 
 
-def _failed(fleet: Fleet, b: FleetBackend, kind: str, why: object, start: float) -> str:
+def failed(fleet: Fleet, b: FleetBackend, kind: str, why: object, start: float) -> str:
     fleet.metrics.errors.labels(backend=b.name, kind=kind).inc()
     fleet.record_outcome(b, False, time.monotonic() - start)
     log.warning("backend_failed", backend=b.name, kind=kind, reason=str(why))
     return f"{kind}: {why}"
 
 
-def _done(fleet: Fleet, b: FleetBackend) -> None:
+def done(fleet: Fleet, b: FleetBackend) -> None:
     b.in_flight -= 1
     fleet.metrics.in_flight.labels(backend=b.name).set(b.in_flight)
 
@@ -204,5 +223,5 @@ async def _relay(fleet: Fleet, b: FleetBackend, resp: httpx.Response, start: flo
         yield sse_event(CtxfuseError(why).to_openai())
     finally:
         await resp.aclose()
-        _done(fleet, b)
+        done(fleet, b)
         fleet.record_outcome(b, ok, time.monotonic() - start)

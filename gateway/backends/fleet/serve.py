@@ -48,7 +48,7 @@ def fleet_gateway(
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
     store = open_chunk_store(config) if with_chunk_store else None
-    return Gateway(FleetUpstream(fleet), config, store, metrics), fleet
+    return Gateway(FleetUpstream(fleet, config), config, store, metrics), fleet
 
 
 def build_fleet_server(

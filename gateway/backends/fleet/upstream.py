@@ -2,11 +2,15 @@
 the one app (gateway/app.py) authenticates, limits, decodes and logs each request as it does over an
 engine; this module routes what got through to the backend that holds its prompt's prefix.
 
-- Chat and completions: the prefix keys name the backend (policy.py), the body goes as the client
-  sent it (proxy.py), in the caller's tenant's prefix-cache partition unless the fleet shares one.
-  A key with tokens per minute reserves prompt + max_tokens first and settles to the usage the
-  backend reports (usage.py).
-- Embeddings: the least loaded backend serving the named model answers; a key with tokens per
+- Over ctxfuse workers (every backend one, serving the model whose text side the router holds):
+  chat, completions, embeddings and batch requests are planned here by the same planner as over a
+  local engine (openai/planner.py), and the workers run them behind the engine seam (engine.py).
+  Chats with image_url parts go as sent: the worker turns the images into features.
+- Over other OpenAI-compatible servers (or a fleet that mixes them in): chat and completions go
+  where their prefix keys point (policy.py), the body as the client sent it (proxy.py), in the
+  caller's tenant's prefix-cache partition unless the fleet shares one. A key with tokens per minute
+  reserves prompt + max_tokens first and settles to the usage the backend reports (usage.py).
+  Embeddings: the least loaded backend serving the named model answers; a key with tokens per
   minute reserves the body's length (no input has more tokens than bytes in its JSON) up to its
   minute, settled to the usage the backend reports.
 - `/tokenize`, `/detokenize` and `/v1/models/{id}` are answered by a backend (the least loaded, for
@@ -29,15 +33,18 @@ from litestar.handlers import HTTPRouteHandler
 
 from gateway.access.auth import principal_of, reserve_tokens
 from gateway.backends.fleet.batch import execute_routed
+from gateway.backends.fleet.engine import FleetEngine
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.health import check_all, run_checks
 from gateway.backends.fleet.keys import RequestKeys
-from gateway.backends.fleet.proxy import VERSION_HEADER, Outgoing, forward
+from gateway.backends.fleet.proxy import BACKEND_HEADER, VERSION_HEADER, Outgoing, forward
 from gateway.backends.fleet.usage import Settle, most_tokens, with_usage
 from gateway.batch.executor import Answer
+from gateway.config import GatewayConfig
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.openai.planner import Planner
 from gateway.state import Gateway
 from gateway.upstream import Answered, AnyRequest
 from shared.block_hash import salt_key
@@ -53,10 +60,25 @@ class FleetUpstream:
     kind = "fleet"
     model_name: str | None = None  # the backends decide what a request naming no model gets
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, config: GatewayConfig) -> None:
         self.fleet = fleet
+        self.planner = Planner(config)
         self.routes: list[HTTPRouteHandler] = [backends]
         self._checks: asyncio.Task[None] | None = None
+        self._engine: FleetEngine | None = None
+
+    def _seam(self, model: str | None, pinned: str | None) -> FleetEngine | None:
+        """The workers behind the engine seam, for a request naming `model`, pinned to a version or
+        not (None: relay it as sent)."""
+        fleet, text = self.fleet, self.fleet.text_side
+        if text is None or (model is not None and model != text.side.model):
+            return None
+        known = [b for b in fleet.backends if b.kind is not None]
+        if not known or any(b.kind != "ctxfuse" or not b.serves(text.side.model) for b in known):
+            return None
+        if self._engine is None or self._engine.side is not text.side:
+            self._engine = FleetEngine(fleet, text.side, text.tokenizer, text.template)
+        return self._engine.for_request(pinned)
 
     def stats(self) -> EngineStats | None:
         return None
@@ -84,17 +106,24 @@ class FleetUpstream:
             self._checks.cancel()
             await asyncio.gather(self._checks, return_exceptions=True)
         await self.fleet.close()
+        await self.planner.close()
 
     # -- live requests -------------------------------------------------------------------------
 
     async def chat(
         self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
     ) -> Answered:
+        engine = None if _has_image_urls(req) else self._seam(req.model, request.headers.get(VERSION_HEADER))
+        if engine is not None:
+            return _tagged(await self.planner.chat(request, gw, engine, req, arrival), engine)
         return await self._route(request, gw, "/v1/chat/completions", req, raw)
 
     async def completion(
         self, request: AnyRequest, gw: Gateway, req: CompletionRequest, raw: bytes, arrival: float
     ) -> Answered:
+        engine = self._seam(req.model, request.headers.get(VERSION_HEADER))
+        if engine is not None:
+            return _tagged(await self.planner.completion(request, gw, engine, req, arrival), engine)
         return await self._route(request, gw, "/v1/completions", req, raw)
 
     async def _route(
@@ -133,6 +162,9 @@ class FleetUpstream:
     async def embeddings(
         self, request: AnyRequest, gw: Gateway, req: EmbeddingRequest, raw: bytes, arrival: float
     ) -> Answered:
+        engine = self._seam(req.model, request.headers.get(VERSION_HEADER))
+        if engine is not None:
+            return _tagged(await self.planner.embeddings(request, gw, engine, req), engine)
         principal = principal_of(request.state)
         tpm = principal.key.limits.tpm if principal.key is not None else None
         settle = None
@@ -199,7 +231,51 @@ class FleetUpstream:
         self, gw: Gateway, endpoint: str, raw: bytes, rid: str, priority: int, owner: str
     ) -> Answer:
         gw.check_taking_work()
+        engine = None
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):  # relayed: answered there
+            named = msgspec.json.decode(raw, type=_Named)
+            engine = None if named.has_image_urls() else self._seam(named.model, None)  # a batch pins none
+        if engine is not None:
+            return await self.planner.execute(gw, engine, _any_model, endpoint, raw, rid, priority, owner)
         return await execute_routed(self.fleet, endpoint, raw, owner)
+
+
+class _Part(msgspec.Struct):
+    type: str = ""
+
+
+class _Message(msgspec.Struct):
+    content: str | list[_Part] | None = None
+
+
+class _Named(msgspec.Struct):
+    """What a batch line's body says of where it may go."""
+
+    model: str | None = None
+    messages: list[_Message] = []
+
+    def has_image_urls(self) -> bool:
+        return any(
+            isinstance(m.content, list) and any(p.type == "image_url" for p in m.content)
+            for m in self.messages
+        )
+
+
+def _any_model(name: str | None) -> None:
+    """The seam is chosen only for the workers' own model (FleetUpstream._seam)."""
+
+
+def _has_image_urls(req: ChatCompletionRequest) -> bool:
+    return any(
+        isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in req.messages
+    )
+
+
+def _tagged(answered: Answered, engine: FleetEngine) -> Answered:
+    """Which worker answered, for the client's logs and ours."""
+    if engine.answered_by:
+        answered.headers[BACKEND_HEADER] = ",".join(dict.fromkeys(engine.answered_by))
+    return answered
 
 
 def asked_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:

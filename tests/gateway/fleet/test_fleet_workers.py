@@ -123,6 +123,35 @@ def test_a_hot_prefix_spreads_when_its_worker_is_saturated(fleetside: Fleetside)
     assert fleetside.decisions().get("load_spill", 0) > before
 
 
+def _counter(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (not want or want in line) and not line.startswith("#"):
+            total += float(line.split()[-1])
+    return total
+
+
+def test_the_router_plans_each_request_and_its_worker_runs_it_behind_the_seam(fleetside: Fleetside) -> None:
+    """The router templates and tokenizes, meters and streams itself; a worker gets token ids on its
+    internal generate route, never the OpenAI body."""
+    worker = fleetside.workers["w0"].url
+
+    def on_w0(route: str) -> float:
+        text = httpx.get(f"{worker}/metrics", headers=AUTH).text
+        return _counter(text, "ctxfuse_http_requests_total", route=route)
+
+    generated_before = on_w0("/internal/v1/generate")
+    router_tokens = _counter(httpx.get(f"{fleetside.url}/metrics").text, "ctxfuse_generation_tokens_total")
+    replies = [fleetside.chat(f"Seam question {i}?", max_tokens=3, ignore_eos=True) for i in range(4)]
+    assert [r.status_code for r in replies] == [200] * 4
+    served = [r.headers[BACKEND_HEADER] for r in replies]
+    assert on_w0("/internal/v1/generate") - generated_before == served.count("w0")
+    assert on_w0("/v1/chat/completions") == 0  # nothing relayed as an OpenAI body
+    after = _counter(httpx.get(f"{fleetside.url}/metrics").text, "ctxfuse_generation_tokens_total")
+    assert after - router_tokens == 12  # metered by the router, from the outputs it streamed
+
+
 def test_tokenize_detokenize_and_a_model_are_answered_by_a_worker(fleetside: Fleetside) -> None:
     worker = next(iter(fleetside.workers.values())).url
     messages = [{"role": "user", "content": "How many tokens is this?"}]
