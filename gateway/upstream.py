@@ -13,6 +13,8 @@ upstream only answers what got through:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from litestar import Request, Response
@@ -21,7 +23,7 @@ from litestar.response import Stream
 
 from shared.embeddings_protocol import EmbeddingRequest
 from shared.engine_types import EngineStats
-from shared.protocol import ChatCompletionRequest, CompletionRequest
+from shared.protocol import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from gateway.batch.executor import Answer
@@ -32,6 +34,23 @@ Answered = Response[Any] | Stream
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(slots=True)
+class ChatAnswer:
+    """A chat completion as an upstream answers it: typed (whole, or a stream of chunks that raises
+    when it fails after its start), or relayed as a server that is not ours sent it. The chat route
+    encodes it (routes.py); the Responses API reads the same chunks (responses.py)."""
+
+    whole: ChatCompletion | None = None
+    chunks: AsyncIterator[ChatCompletionChunk] | None = None
+    close: Callable[[], None] = _nothing  # aborts the stream's work (its body may never start)
+    relayed: Answered | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Upstream(Protocol):
@@ -55,7 +74,7 @@ class Upstream(Protocol):
 
     async def chat(
         self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
-    ) -> Answered:
+    ) -> ChatAnswer:
         """A chat completion for the decoded `req` (`raw`: its body as the client sent it)."""
 
     async def completion(

@@ -17,7 +17,7 @@ from gateway.edge.chunk_store import ChunkStore
 from gateway.openai.planner import Planner, json_response
 from gateway.seam import Backend
 from gateway.state import Gateway
-from gateway.upstream import Answered, AnyRequest
+from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.embeddings_protocol import EmbeddingRequest
 from shared.engine_types import EngineStats
 from shared.errors import NotFoundError
@@ -69,7 +69,7 @@ class EngineUpstream:
 
     async def chat(
         self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
-    ) -> Answered:
+    ) -> ChatAnswer:
         return await self.planner.chat(request, gw, self.backend, req, arrival)
 
     async def completion(

@@ -17,7 +17,7 @@ from gateway.batch.executor import Answer
 from gateway.encoding import encode
 from gateway.openai.decode import decode_body
 from gateway.state import Gateway
-from gateway.upstream import Answered, AnyRequest
+from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.embeddings_protocol import EmbeddingRequest
 from shared.engine_types import EngineStats
 from shared.errors import CtxfuseError, NotFoundError
@@ -112,7 +112,7 @@ class ModelsUpstream:
 
     async def chat(
         self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
-    ) -> Answered:
+    ) -> ChatAnswer:
         return await self.of(req.model).chat(request, gw, req, raw, arrival)
 
     async def completion(

@@ -95,21 +95,22 @@ def _structured_choices(
     return choices
 
 
-async def stream_response(
+async def chunks(
     gen: Generation,
     plan: ChatPlan,
     reply: Reply,
     meter: RequestMeter,
     include_usage: bool,
     backend: Backend,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[ChatCompletionChunk]:
+    """The stream's chunks up to its end ([DONE] is the encoder's: sse_chunks); a failure raises."""
     tally = UsageTally()
     texts: dict[int, str] = {}
     states = {i: _StructuredChoice(plan.structure, backend) for i in range(plan.params.n) if plan.structure}
     try:
         for i in range(plan.params.n):
             role = ChunkChoice(index=i, delta=ChunkDelta(role="assistant", content=""))
-            yield sse_event(_chunk(reply, [role], include_usage))
+            yield _chunk(reply, [role], include_usage)
         async for out in metered(gen, meter, tally):
             samples = visible_samples(out, reply.eos_ids)
             if reply.log_content:
@@ -124,15 +125,26 @@ async def stream_response(
                 else _structured_choices(state, out, lp, reply.eos_ids)
             )
             for choice in choices:
-                yield sse_event(_chunk(reply, [choice], include_usage))
+                yield _chunk(reply, [choice], include_usage)
         if include_usage:
             final = ChatCompletionChunk(
                 id=reply.id, created=reply.created, model=reply.model, choices=[], usage=tally.usage()
             )
-            yield sse_event(final)
-        yield SSE_DONE
+            yield final
     finally:
         gen.close()
         annotate_usage(tally)
         if reply.log_content:
             annotate(completion=[texts[i] for i in sorted(texts)])
+
+
+async def sse_chunks(source: AsyncIterator[ChatCompletionChunk]) -> AsyncIterator[bytes]:
+    """A chunk stream as server-sent events, ended by [DONE] only when it ended whole."""
+    try:
+        async for chunk in source:
+            yield sse_event(chunk)
+        yield SSE_DONE
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -32,7 +32,7 @@ from gateway.openai.sse import sse_stream
 from gateway.ops.observe import request_id
 from gateway.seam import Backend, Generation
 from gateway.state import Gateway
-from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest
+from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest, ChatAnswer
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError, InvalidRequestError, QueueFullError
 from shared.protocol import (
@@ -52,7 +52,22 @@ def json_response(obj: object) -> Response[bytes]:
     return Response(encode(obj), media_type=JSON)
 
 
-def _closer(*gens: Generation) -> BackgroundTask:
+def render_chat(answer: ChatAnswer) -> Answered:
+    """The HTTP response to a chat completion: JSON, server-sent events, or as relayed."""
+    if answer.relayed is not None:
+        return answer.relayed
+    out: Answered
+    if answer.chunks is not None:
+        out = sse_stream(chat_stream.sse_chunks(answer.chunks))
+        out.background = _closer(answer)  # in case the body never starts (client gone first)
+    else:
+        out = json_response(answer.whole)
+    for name, value in answer.headers.items():
+        out.headers[name] = value
+    return out
+
+
+def _closer(*gens: Generation | ChatAnswer) -> BackgroundTask:
     async def close() -> None:  # on the loop, not in a thread
         for g in gens:
             g.close()
@@ -84,7 +99,7 @@ class Planner:
 
     async def chat(
         self, request: AnyRequest, gw: Gateway, backend: Backend, req: ChatCompletionRequest, arrival: float
-    ) -> Answered:
+    ) -> ChatAnswer:
         plan = await chat.prepare(req, backend, self.images)
         prompt = len(plan.prompt_ids)
         settle = reserve_settled(
@@ -104,16 +119,15 @@ class Planner:
         reply = self._reply("chatcmpl", rid, backend)
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            stream = sse_stream(chat_stream.stream_response(gen, plan, reply, meter, include_usage, backend))
-            stream.background = _closer(gen)  # in case the body never starts (client gone first)
-            return stream
+            chunks = chat_stream.chunks(gen, plan, reply, meter, include_usage, backend)
+            return ChatAnswer(chunks=chunks, close=gen.close)
         try:
             body = await cancel_on_disconnect(
                 request.receive, chat.whole_response(gen, plan, reply, meter, backend)
             )
         finally:
             gen.close()
-        return json_response(body)
+        return ChatAnswer(whole=body)
 
     async def completion(
         self, request: AnyRequest, gw: Gateway, backend: Backend, req: CompletionRequest, arrival: float

@@ -1,6 +1,8 @@
 """The Responses API (`POST /v1/responses`, and GET / DELETE / input_items of a stored response),
-answered through the gateway's own chat completions (routes.answer): the same checks of model, key
-and limits, over whichever upstream serves chat (the engine or the fleet).
+answered through the gateway's own chat completions (routes.chat_answer): the same checks of model,
+key and limits, over whichever upstream serves chat (the engine or the fleet), and the same typed
+answer the chat route encodes (a ChatCompletion or its chunks); only a relayed answer, from a server
+that is not ours, is read back from its bytes (responses_stream.typed).
 
 responses_convert.py translates the request and the whole answer, responses_stream.py the stream,
 response_store.py keeps stored responses per tenant. Served on the OpenAI port only (not on a
@@ -11,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal, cast
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
 
-import msgspec
 from litestar import Request, Response, delete, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
@@ -30,11 +32,11 @@ from gateway.openai.responses_convert import (
     refuse_unsupported,
     whole_response,
 )
-from gateway.openai.responses_stream import retell
-from gateway.openai.routes import answer, gateway_of
-from gateway.upstream import CHAT_PATH, Answered
+from gateway.openai.responses_stream import retell, typed
+from gateway.openai.routes import chat_answer, gateway_of
+from gateway.upstream import Answered
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError
-from shared.protocol import ChatCompletion
+from shared.protocol import ChatCompletionRequest
 from shared.responses_protocol import (
     InputItemList,
     Item,
@@ -88,11 +90,6 @@ async def _conversation(request: AnyRequest, req: ResponsesRequest) -> list[Item
     return [*prev.input_items, *prev.response.output, *items]
 
 
-async def _drain(stream: Stream) -> None:
-    async for _ in cast(AsyncIterator[bytes], stream.iterator):
-        pass
-
-
 @post("/v1/responses", status_code=200, summary="Create a model response (OpenAI Responses API)")
 async def create_response(request: AnyRequest) -> Answered:
     arrival = time.monotonic()
@@ -105,24 +102,31 @@ async def create_response(request: AnyRequest) -> Answered:
     async def keep(response: ResponseObject) -> None:
         await asyncio.to_thread(store.put, tenant, response, items)
 
-    answered = await answer(request, CHAT_PATH, chat_body(req, items), arrival)
-    if (answered.status_code or 200) >= 400:
-        return answered  # the chat path's error, in our error shape, as it came
-    if isinstance(answered, Stream):
-        if not req.stream:
-            await _drain(answered)
-            raise CtxfuseError("the upstream streamed a response asked for whole")
-        source = cast(AsyncIterator[bytes], answered.iterator)
+    raw = chat_body(req, items)
+    answer = await chat_answer(request, decode_body(raw, ChatCompletionRequest), raw, arrival)
+    if answer.relayed is not None:
+        if (answer.relayed.status_code or 200) >= 400:
+            return answer.relayed  # the chat path's error, in our error shape, as it came
+        answer = typed(answer.relayed)
+    if answer.chunks is not None:
         return Stream(
-            retell(source, draft, keep),
+            retell(answer.chunks, draft, keep),
             media_type="text/event-stream",
-            headers=dict(answered.headers),
-            background=answered.background,  # closes the generation if the body never starts
+            headers=answer.headers,
+            background=BackgroundTask(_on_loop(answer.close)),  # if the body never starts
         )
-    content = answered.content if isinstance(answered.content, bytes) else encode(answered.content)
-    response = whole_response(draft, msgspec.json.decode(content, type=ChatCompletion))
+    if answer.whole is None:
+        raise CtxfuseError("the upstream answered with neither a completion nor a stream")
+    response = whole_response(draft, answer.whole)
     await keep(response)
-    return Response(encode(response), media_type=_JSON)
+    return Response(encode(response), media_type=_JSON, headers=answer.headers)
+
+
+def _on_loop(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        close()
+
+    return run
 
 
 @get("/v1/responses/{response_id:str}", summary="Retrieve a stored model response")

@@ -1,4 +1,4 @@
-"""A chat completion stream (OpenAI chunks, from any upstream) re-told as Responses stream events.
+"""A chat completion stream (typed chunks, from any upstream) re-told as Responses stream events.
 
 Order, as OpenAI sends it: response.created, response.in_progress; per output item
 output_item.added, then for a message content_part.added, output_text.delta (one per chat delta),
@@ -6,22 +6,25 @@ output_text.done, content_part.done, or for a function call function_call_argume
 .done; output_item.done; then response.completed (response.incomplete when max_output_tokens cut
 it short) with usage. Every event carries `sequence_number`, counting from 0.
 
-A chat stream that fails (its `{"error": ...}` event, or an end without [DONE]) becomes an `error`
-event and response.failed: a truncated answer is never reported complete.
+A chat stream that fails (it raises; a relayed one: its `{"error": ...}` event, or an end without
+[DONE]) becomes an `error` event and response.failed: a truncated answer is never reported complete.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import structlog
+from litestar.response import Stream
 
 from gateway.encoding import encode
 from gateway.openai.responses_convert import Draft, new_id, status_of, usage_of
-from shared.protocol import ChatCompletionChunk, ChunkDelta, TokenLogprob, Usage
+from gateway.upstream import Answered, ChatAnswer
+from shared.errors import CtxfuseError
+from shared.protocol import ChatCompletion, ChatCompletionChunk, ChunkDelta, TokenLogprob, Usage
 from shared.responses_protocol import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -233,38 +236,63 @@ class Retell:
         return event, response
 
 
-def _chat_error(obj: dict[str, Any]) -> tuple[str, str | None, str | None]:
+def _chat_error(obj: dict[str, Any]) -> CtxfuseError:
     err = obj.get("error")
     err = err if isinstance(err, dict) else {}
     code, param = err.get("code"), err.get("param")
-    return (
+    return CtxfuseError(
         str(err.get("message") or "the stream failed"),
-        code if isinstance(code, str) else None,
-        param if isinstance(param, str) else None,
+        code=code if isinstance(code, str) else None,
+        param=param if isinstance(param, str) else None,
     )
 
 
-async def _events(state: Retell, source: AsyncIterator[bytes], finish: Finish) -> AsyncGenerator[bytes, None]:
-    async for data in chat_events(source):
-        if data == b"[DONE]":
-            events, response = state.end()
-            for event in events:
-                yield event
-            await finish(response)
-            yield state.lifecycle(response.status, response)
-            return
-        obj = msgspec.json.decode(data)
-        if isinstance(obj, dict) and "error" in obj:  # the chat stream failed after its first byte
-            raise _Failed(*_chat_error(obj))
-        chunk = msgspec.convert(obj, ChatCompletionChunk)
-        if isinstance(chunk.usage, Usage):
-            state.usage = chunk.usage
-        for choice in chunk.choices:
-            state.finish_reason = choice.finish_reason or state.finish_reason
-            logprobs = choice.logprobs.content if choice.logprobs is not None else None
-            for event in state.delta(choice.delta, logprobs):
-                yield event
-    raise _Failed("the answer's stream ended before it was whole", "server_error", None)
+async def relayed_chunks(source: AsyncIterator[bytes]) -> AsyncIterator[ChatCompletionChunk]:
+    try:
+        async for data in chat_events(source):
+            if data == b"[DONE]":
+                return
+            obj = msgspec.json.decode(data)
+            if isinstance(obj, dict) and "error" in obj:  # the chat stream failed after its first byte
+                raise _chat_error(obj)
+            yield msgspec.convert(obj, ChatCompletionChunk)
+        raise CtxfuseError("the answer's stream ended before it was whole", code="server_error")
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def typed(relayed: Answered) -> ChatAnswer:
+    """A chat answer relayed from a server that is not ours, read back from its bytes."""
+    headers = {k: v for k, v in relayed.headers.items() if isinstance(v, str)}
+    if isinstance(relayed, Stream):
+        return ChatAnswer(
+            chunks=relayed_chunks(cast(AsyncIterator[bytes], relayed.iterator)), headers=headers
+        )
+    content = relayed.content if isinstance(relayed.content, bytes) else encode(relayed.content)
+    return ChatAnswer(whole=msgspec.json.decode(content, type=ChatCompletion), headers=headers)
+
+
+async def _events(
+    state: Retell, source: AsyncIterator[ChatCompletionChunk], finish: Finish
+) -> AsyncGenerator[bytes, None]:
+    try:
+        async for chunk in source:
+            if isinstance(chunk.usage, Usage):
+                state.usage = chunk.usage
+            for choice in chunk.choices:
+                state.finish_reason = choice.finish_reason or state.finish_reason
+                logprobs = choice.logprobs.content if choice.logprobs is not None else None
+                for event in state.delta(choice.delta, logprobs):
+                    yield event
+    except CtxfuseError as exc:
+        raise _Failed(exc.message, exc.code or "server_error", exc.param) from exc
+    events, response = state.end()
+    for event in events:
+        yield event
+    await finish(response)
+    yield state.lifecycle(response.status, response)
 
 
 class _Failed(Exception):
@@ -273,7 +301,9 @@ class _Failed(Exception):
         self.message, self.code, self.param = message, code, param
 
 
-async def retell(source: AsyncIterator[bytes], draft: Draft, finish: Finish) -> AsyncIterator[bytes]:
+async def retell(
+    source: AsyncIterator[ChatCompletionChunk], draft: Draft, finish: Finish
+) -> AsyncIterator[bytes]:
     """Responses events for the chat stream `source`; `finish` keeps the final response (stored
     before the last event goes out, so a client that saw it can retrieve it)."""
     state = Retell(draft)

@@ -13,9 +13,10 @@ from litestar.params import FromPath
 
 from gateway.access.auth import principal_of
 from gateway.openai.decode import decode_body
+from gateway.openai.planner import render_chat
 from gateway.ops.observe import annotate
 from gateway.state import Gateway
-from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered
+from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered, ChatAnswer
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -39,20 +40,30 @@ def _annotate_request(gw: Gateway, req: ChatCompletionRequest | CompletionReques
 async def answer(request: AnyRequest, path: str, raw: bytes, arrival: float) -> Answered:
     """A chat completion or a completion for the JSON body `raw` (from the route, or put back
     together from the edge link), answered by the gateway's upstream."""
-    gw = gateway_of(request)
-    gw.check_taking_work()
-    upstream = gw.upstream
-    req: ChatCompletionRequest | CompletionRequest
     if path == CHAT_PATH:
         req = decode_body(raw, ChatCompletionRequest)
-    else:
-        req = decode_body(raw, CompletionRequest)
-    upstream.check_model(req.model)
-    principal_of(request.state).check_model(req.model or upstream.model_name)
+        return render_chat(await chat_answer(request, req, raw, arrival))
+    completion = decode_body(raw, CompletionRequest)
+    gw = _admit(request, completion)
+    return await gw.upstream.completion(request, gw, completion, raw, arrival)
+
+
+async def chat_answer(
+    request: AnyRequest, req: ChatCompletionRequest, raw: bytes, arrival: float
+) -> ChatAnswer:
+    """The upstream's answer to a decoded chat request (`raw`: its JSON body, for a relay)."""
+    gw = _admit(request, req)
+    return await gw.upstream.chat(request, gw, req, raw, arrival)
+
+
+def _admit(request: AnyRequest, req: ChatCompletionRequest | CompletionRequest) -> Gateway:
+    """The checks every chat and completion passes before its upstream sees it."""
+    gw = gateway_of(request)
+    gw.check_taking_work()
+    gw.upstream.check_model(req.model)
+    principal_of(request.state).check_model(req.model or gw.upstream.model_name)
     _annotate_request(gw, req)
-    if isinstance(req, ChatCompletionRequest):
-        return await upstream.chat(request, gw, req, raw, arrival)
-    return await upstream.completion(request, gw, req, raw, arrival)
+    return gw
 
 
 @post(CHAT_PATH, status_code=200, summary="Create a chat completion (OpenAI)")

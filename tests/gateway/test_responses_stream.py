@@ -13,7 +13,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from gateway.openai.responses_convert import Draft
-from gateway.openai.responses_stream import retell
+from gateway.openai.responses_stream import relayed_chunks, retell
 from shared.responses_protocol import Response, ResponsesRequest
 
 from .conftest import MODEL
@@ -43,7 +43,8 @@ def _retold(pieces: list[bytes]) -> tuple[list[dict[str, Any]], list[Response]]:
 
     async def run() -> list[bytes]:
         draft = Draft.of(ResponsesRequest(model=MODEL, input="hi"))
-        return [e async for e in retell(source(), draft, keep)]
+        # as a relayed stream is read (a typed one skips the bytes: test_responses_api.py)
+        return [e async for e in retell(relayed_chunks(source()), draft, keep)]
 
     events = [e.split(b"\ndata: ", 1)[1] for e in anyio.run(run)]
     for data in events:  # each event is what the SDK's own types describe (required fields and all)

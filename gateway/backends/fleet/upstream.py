@@ -46,7 +46,7 @@ from gateway.errors import ServiceUnavailableError
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.planner import Planner
 from gateway.state import Gateway
-from gateway.upstream import Answered, AnyRequest
+from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.block_hash import salt_key
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.engine_types import EngineStats
@@ -72,6 +72,8 @@ class FleetUpstream:
         not (None: relay it as sent)."""
         fleet, text = self.fleet, self.fleet.text_side
         if text is None or (model is not None and model != text.side.model):
+            return None
+        if not text.side.max_model_len:  # a worker older than the generate route sends none
             return None
         known = [b for b in fleet.backends if b.kind is not None]
         if not known or any(b.kind != "ctxfuse" or not b.serves(text.side.model) for b in known):
@@ -112,11 +114,13 @@ class FleetUpstream:
 
     async def chat(
         self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
-    ) -> Answered:
+    ) -> ChatAnswer:
         engine = None if _has_image_urls(req) else self._seam(req.model, request.headers.get(VERSION_HEADER))
-        if engine is not None:
-            return _tagged(await self.planner.chat(request, gw, engine, req, arrival), engine)
-        return await self._route(request, gw, "/v1/chat/completions", req, raw)
+        if engine is None:
+            return ChatAnswer(relayed=await self._route(request, gw, "/v1/chat/completions", req, raw))
+        answer = await self.planner.chat(request, gw, engine, req, arrival)
+        answer.headers.update(_backend_header(engine))
+        return answer
 
     async def completion(
         self, request: AnyRequest, gw: Gateway, req: CompletionRequest, raw: bytes, arrival: float
@@ -271,10 +275,14 @@ def _has_image_urls(req: ChatCompletionRequest) -> bool:
     )
 
 
-def _tagged(answered: Answered, engine: FleetEngine) -> Answered:
+def _backend_header(engine: FleetEngine) -> dict[str, str]:
     """Which worker answered, for the client's logs and ours."""
-    if engine.answered_by:
-        answered.headers[BACKEND_HEADER] = ",".join(dict.fromkeys(engine.answered_by))
+    return {BACKEND_HEADER: ",".join(dict.fromkeys(engine.answered_by))} if engine.answered_by else {}
+
+
+def _tagged(answered: Answered, engine: FleetEngine) -> Answered:
+    for name, value in _backend_header(engine).items():
+        answered.headers[name] = value
     return answered
 
 
