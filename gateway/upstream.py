@@ -7,8 +7,11 @@ upstream only answers what got through:
 
 - `EngineUpstream` (backends/local.py): the model's engine, in this process or a child process
   (`ctxfuse serve`, and `ctxfuse worker` with the internal routes a router reads);
-- `FleetUpstream` (backends/fleet/upstream.py): the router, which forwards each request to the
-  worker that holds its prompt's prefix (`ctxfuse serve --fleet` / `--backend URL`).
+- `FleetUpstream` (backends/fleet/upstream.py): the router, which sends each request to the worker
+  that holds its prompt's prefix (`ctxfuse serve --fleet` / `--backend URL`).
+
+Both answer through the one planner (openai/planner.py) over an engine behind the seam (seam.py):
+their own, or the fleet's workers; only requests to servers that are not ours are relayed.
 """
 
 from __future__ import annotations

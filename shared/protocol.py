@@ -234,6 +234,8 @@ class StructuredResult(Struct, kw_only=True, omit_defaults=True):
     # the output is complete and satisfies its schema (for tools: every call's arguments do)
     valid: bool
     error: str | None = None  # why it is not valid
+    # what stopped the choice short, when it ended in error (finish_reason "error"): grammar_dead_end
+    code: str | None = None
     # JSON Pointer of each leaf field -> probability of the tokens that wrote its value (when asked)
     field_confidence: dict[str, float] | None = None
 

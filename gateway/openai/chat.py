@@ -164,6 +164,11 @@ async def submit(backend: Backend, plan: ChatPlan, request_id: str, priority: in
 
 def _message(plan: ChatPlan, c: ChoiceResult, reply: Reply, backend: Backend) -> ChatChoice:
     lp = ChoiceLogprobs(content=chat_logprobs(reply.texts, c.samples)) if plan.logprobs else None
+    if c.failure is not None:  # stopped short: what it wrote, and why
+        message = AssistantMessage(content=c.text)
+        return ChatChoice(
+            index=c.index, message=message, logprobs=lp, finish_reason="error", ctxfuse=c.failure
+        )
     if plan.structure is None:
         message = AssistantMessage(content=c.text)
         return ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=c.finish_reason)

@@ -15,7 +15,14 @@ from gateway.encoding import SSE_DONE, sse_event
 from gateway.openai import structured_result
 from gateway.openai.chat import ChatPlan
 from gateway.openai.logprobs import chat_logprobs
-from gateway.openai.results import Reply, UsageTally, annotate_usage, metered, visible_samples
+from gateway.openai.results import (
+    Reply,
+    UsageTally,
+    annotate_usage,
+    choice_failure,
+    metered,
+    visible_samples,
+)
 from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
@@ -119,11 +126,18 @@ async def chunks(
                 continue  # text held back (a stop string may be forming): nothing to send yet
             lp = ChoiceLogprobs(content=chat_logprobs(reply.texts, samples)) if plan.logprobs else None
             state = states.get(out.index)
-            choices = (
-                _plain_choice(out, lp)
-                if state is None
-                else _structured_choices(state, out, lp, reply.eos_ids)
-            )
+            failure = choice_failure(out)
+            if failure is not None:  # stopped short: its last text, and why (the others go on)
+                delta = ChunkDelta(content=out.text) if out.text else ChunkDelta()
+                choices = [
+                    ChunkChoice(
+                        index=out.index, delta=delta, logprobs=lp, finish_reason="error", ctxfuse=failure
+                    )
+                ]
+            elif state is None:
+                choices = _plain_choice(out, lp)
+            else:
+                choices = _structured_choices(state, out, lp, reply.eos_ids)
             for choice in choices:
                 yield _chunk(reply, [choice], include_usage)
         if include_usage:

@@ -21,6 +21,7 @@ from gateway.openai.results import (
     Reply,
     UsageTally,
     annotate_usage,
+    choice_failure,
     collect,
     metered,
     visible_samples,
@@ -30,9 +31,15 @@ from gateway.openai.structured import Structure
 from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
 from gateway.seam import Backend, Generation
-from shared.engine_types import SamplingParams
+from shared.engine_types import RequestOutput, SampleResult, SamplingParams
 from shared.errors import InvalidRequestError
-from shared.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from shared.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    StructuredResult,
+)
 
 
 def _prompt_ids(req: CompletionRequest, backend: Backend) -> list[list[int]]:
@@ -132,7 +139,9 @@ def _choice(
     choice = CompletionChoice(
         index=p * plan.params.n + c.index, text=prefix + c.text, logprobs=lp, finish_reason=c.finish_reason
     )
-    if plan.structure is not None:
+    if c.failure is not None:
+        choice.ctxfuse = c.failure
+    elif plan.structure is not None:
         trace = structured_result.ChoiceTrace(plan.structure, tokenizer)
         trace.add(c.text, c.samples)
         choice.ctxfuse = trace.finish(c.finish_reason).result
@@ -159,6 +168,23 @@ async def whole_response(
     return Completion(
         id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=tally.usage()
     )
+
+
+def _streamed_result(
+    structure: Structure | None,
+    traces: dict[int, structured_result.ChoiceTrace],
+    index: int,
+    out: RequestOutput,
+    samples: list[SampleResult],
+    tokenizer: Tokenizer,
+) -> StructuredResult | None:
+    """A streamed choice's `ctxfuse` report, on its last chunk: why it failed, or its structure's check."""
+    failure = choice_failure(out)
+    if failure is not None or structure is None:
+        return failure
+    trace = traces.setdefault(index, structured_result.ChoiceTrace(structure, tokenizer))
+    trace.add(out.text, samples)
+    return trace.finish(out.finish_reason).result if out.finished else None
 
 
 async def stream_response(
@@ -201,11 +227,9 @@ async def stream_response(
                     offsets[index] = append_completion_logprobs(reply.texts, out.prompt_logprobs, lp, 0)
                 offsets[index] = append_completion_logprobs(reply.texts, samples, lp, offsets.get(index, 0))
             choice = CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=out.finish_reason)
-            if plan.structure is not None:
-                trace = traces.setdefault(index, structured_result.ChoiceTrace(plan.structure, tokenizer))
-                trace.add(out.text, samples)
-                if out.finished:
-                    choice.ctxfuse = trace.finish(out.finish_reason).result
+            result = _streamed_result(plan.structure, traces, index, out, samples, tokenizer)
+            if result is not None:
+                choice.ctxfuse = result
             yield sse_event(chunk([choice]))
         if include_usage:
             final = Completion(

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from litestar import Response
 from litestar.background_tasks import BackgroundTask
 
 from gateway.access.auth import Principal, principal_of, reserve_settled, reserve_tokens
+from gateway.access.limits import SettleOnClose
 from gateway.batch.executor import Answer, refuse_stream
 from gateway.config import GatewayConfig
 from gateway.encoding import encode
@@ -46,6 +48,7 @@ from shared.protocol import (
 
 JSON = "application/json"
 CheckModel = Callable[[str | None], None]
+T = TypeVar("T")
 
 
 def json_response(obj: object) -> Response[bytes]:
@@ -65,6 +68,16 @@ def render_chat(answer: ChatAnswer) -> Answered:
     for name, value in answer.headers.items():
         out.headers[name] = value
     return out
+
+
+async def _taken(settle: SettleOnClose | None, submitting: Awaitable[T]) -> T:
+    """What `submitting` returns; a request the engine did not take is charged nothing."""
+    try:
+        return await submitting
+    except BaseException:
+        if settle is not None:
+            settle.nothing_used()
+        raise
 
 
 def _closer(*gens: Generation | ChatAnswer) -> BackgroundTask:
@@ -108,12 +121,7 @@ class Planner:
         plan.params.cache_salt = self.cache_salt(principal_of(request.state).cache_salt)
         rid = request_id()
         meter = gw.metrics.meter(arrival)
-        try:
-            gen = await chat.submit(backend, plan, rid)
-        except BaseException:
-            if settle is not None:
-                settle.nothing_used()
-            raise
+        gen = await _taken(settle, chat.submit(backend, plan, rid))
         if settle is not None:
             gen = settle.wrap(gen)
         reply = self._reply("chatcmpl", rid, backend)
@@ -139,12 +147,7 @@ class Planner:
         plan.params.cache_salt = self.cache_salt(principal_of(request.state).cache_salt)
         rid = request_id()
         meter = gw.metrics.meter(arrival)
-        try:
-            gens = await completions.submit_all(backend, plan, rid)
-        except BaseException:
-            if settle is not None:
-                settle.nothing_used()
-            raise
+        gens = await _taken(settle, completions.submit_all(backend, plan, rid))
         if settle is not None:
             gens = [settle.wrap(g) for g in gens]
         reply = self._reply("cmpl", rid, backend)

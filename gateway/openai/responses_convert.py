@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 import msgspec
 
 from shared.errors import InvalidRequestError
-from shared.protocol import ChatCompletion, Usage
+from shared.protocol import ChatCompletion, StructuredResult, Usage
 from shared.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutput,
@@ -276,11 +276,21 @@ def status_of(finish_reason: str | None) -> Literal["completed", "incomplete"]:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
+def failed_by_request(finish_reason: str | None, result: StructuredResult | msgspec.UnsetType | None) -> None:
+    """Raise the request's own error for an answer it stopped short (its grammar's dead end): a
+    response has one output, so it fails whole."""
+    if finish_reason == "error":
+        failure = result if isinstance(result, StructuredResult) else None
+        message = failure.error if failure is not None and failure.error else "the answer ended in error"
+        raise InvalidRequestError(message, code=failure.code if failure is not None else None)
+
+
 def whole_response(draft: Draft, chat: ChatCompletion) -> Response:
     """The response object for a whole chat completion (its one choice)."""
     if not chat.choices:
         return draft.response("completed", [], usage_of(chat.usage))
     choice = chat.choices[0]
+    failed_by_request(choice.finish_reason, choice.ctxfuse)
     message = choice.message
     status = status_of(choice.finish_reason)
     output: list[Item] = []

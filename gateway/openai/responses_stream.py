@@ -21,7 +21,7 @@ import structlog
 from litestar.response import Stream
 
 from gateway.encoding import encode
-from gateway.openai.responses_convert import Draft, new_id, status_of, usage_of
+from gateway.openai.responses_convert import Draft, failed_by_request, new_id, status_of, usage_of
 from gateway.upstream import Answered, ChatAnswer
 from shared.errors import CtxfuseError
 from shared.protocol import ChatCompletion, ChatCompletionChunk, ChunkDelta, TokenLogprob, Usage
@@ -282,6 +282,7 @@ async def _events(
             if isinstance(chunk.usage, Usage):
                 state.usage = chunk.usage
             for choice in chunk.choices:
+                failed_by_request(choice.finish_reason, choice.ctxfuse)
                 state.finish_reason = choice.finish_reason or state.finish_reason
                 logprobs = choice.logprobs.content if choice.logprobs is not None else None
                 for event in state.delta(choice.delta, logprobs):

@@ -13,8 +13,8 @@ from gateway.ops.metrics import RequestMeter
 from gateway.ops.observe import annotate
 from gateway.seam import Backend, Generation
 from shared.engine_types import RequestOutput, SampleResult
-from shared.errors import EngineError, InvalidRequestError
-from shared.protocol import PromptTokensDetails, Usage
+from shared.errors import EngineError
+from shared.protocol import PromptTokensDetails, StructuredResult, Usage
 
 
 @dataclass(slots=True)
@@ -25,6 +25,7 @@ class ChoiceResult:
     samples: list[SampleResult] = field(default_factory=list)
     prompt_samples: list[SampleResult] = field(default_factory=list)  # echo with logprobs
     finish_reason: str | None = None
+    failure: StructuredResult | None = None  # why it ended in error (choice_failure)
 
 
 @dataclass(slots=True)
@@ -62,13 +63,23 @@ class UsageTally:
 
 
 def check_finish(out: RequestOutput) -> None:
-    """Raise for a finish the client did not cause: an engine error, or an abort from elsewhere (shutdown)."""
+    """Raise for a finish the client did not cause: an engine error, or an abort from elsewhere
+    (shutdown). A choice that the request itself stopped short (its grammar reached a dead end) ends
+    on its own, with finish_reason "error" and the reason under `ctxfuse` (choice_failure), and the
+    request's other choices go on."""
     if out.finish_reason == "error" and out.error_code is not None:  # the request's own doing
-        raise InvalidRequestError(out.error or out.error_code, param=None, code=out.error_code)
+        return
     if out.finish_reason == "error":
         raise EngineError(out.error or "the engine failed on this request")
     if out.finish_reason == "abort":
         raise EngineError("the request was aborted by the server (shutting down?)")
+
+
+def choice_failure(out: RequestOutput) -> StructuredResult | None:
+    """Why a finished choice ended in error by the request's own doing, as the client reads it."""
+    if not out.finished or out.finish_reason != "error" or out.error_code is None:
+        return None
+    return StructuredResult(valid=False, error=out.error or out.error_code, code=out.error_code)
 
 
 def visible_samples(out: RequestOutput, eos_ids: frozenset[int]) -> list[SampleResult]:
@@ -95,6 +106,7 @@ async def collect(
             c.prompt_samples = out.prompt_logprobs
         if out.finished:
             c.finish_reason = out.finish_reason
+            c.failure = choice_failure(out)
     return choices
 
 

@@ -5,6 +5,7 @@ as embeddings input on a server that refuses them. Never a 500."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import httpx
@@ -13,7 +14,7 @@ import pytest
 from cloud.serving.in_process import InProcessBackend
 from gateway.openai.results import check_finish
 from shared.engine_types import RequestOutput
-from shared.errors import EngineError, InvalidRequestError
+from shared.errors import EngineError
 
 from .conftest import GATEWAY, MODEL, Served, run_in_thread
 
@@ -127,21 +128,81 @@ def test_token_ids_as_embeddings_input_are_taken_by_default_and_refusable(
         strict.stop()
 
 
-def test_a_grammar_dead_end_reaches_the_client_as_its_error_not_an_engine_failure() -> None:
-    """The core ends a dead-ended choice with the code (tests/cloud/engine/test_constrained_decoding.py);
-    the routes answer it as the request's own 400, an engine failure stays a 500."""
-    dead = RequestOutput(
-        "r",
-        0,
-        "",
-        [],
-        finished=True,
-        finish_reason="error",
-        error="a dead end",
-        error_code="grammar_dead_end",
+PERSON_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        },
+    },
+}
+
+
+@pytest.fixture
+def second_choice_dead_ends(backend: InProcessBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matcher of every request's second choice refuses what it is given: a dead end (injected: a
+    real vocabulary spells every byte, so a real grammar never reaches one)."""
+    masks = backend.engine.core.runner.sampler.grammars
+    accept = masks.accept
+    monkeypatch.setattr(
+        masks, "accept", lambda row, token: False if row.request_id.endswith("#1") else accept(row, token)
     )
-    with pytest.raises(InvalidRequestError) as err:
-        check_finish(dead)
-    assert (err.value.status, err.value.code, err.value.message) == (400, "grammar_dead_end", "a dead end")
+
+
+@pytest.mark.usefixtures("second_choice_dead_ends")
+def test_a_grammar_dead_end_ends_its_choice_with_the_reason_and_the_others_go_on(served: Served) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "n": 2,
+        "response_format": PERSON_FORMAT,
+    }
+    whole = post(served.url, "/v1/chat/completions", body)
+    assert whole.status_code == 200, whole.text
+    first, stuck = sorted(whole.json()["choices"], key=lambda c: c["index"])
+    assert first["finish_reason"] in ("stop", "length") and first["message"]["content"]
+    assert stuck["finish_reason"] == "error"
+    assert stuck["ctxfuse"]["code"] == "grammar_dead_end" and not stuck["ctxfuse"]["valid"]
+    assert "engine error" not in stuck["ctxfuse"]["error"]
+
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"  # the stream ends whole: one choice failed, not the request
+    finishes = {
+        c["index"]: c for line in lines[:-1] for c in json.loads(line)["choices"] if c.get("finish_reason")
+    }
+    assert finishes[1]["finish_reason"] == "error" and finishes[1]["ctxfuse"]["code"] == "grammar_dead_end"
+    assert finishes[0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.usefixtures("second_choice_dead_ends")
+def test_a_legacy_completion_choice_that_dead_ends_says_why(served: Served) -> None:
+    body = {"model": MODEL, "prompt": "A person as JSON:", "max_tokens": 16, "n": 2, "temperature": 0}
+    reply = post(served.url, "/v1/completions", {**body, "response_format": PERSON_FORMAT})
+    assert reply.status_code == 200, reply.text
+    stuck = next(c for c in reply.json()["choices"] if c["index"] == 1)
+    assert (stuck["finish_reason"], stuck["ctxfuse"]["code"]) == ("error", "grammar_dead_end")
+
+
+def test_an_engine_failure_stays_the_servers_error_not_the_clients() -> None:
     with pytest.raises(EngineError):
         check_finish(RequestOutput("r", 0, "", [], finished=True, finish_reason="error", error="boom"))
+    check_finish(  # the request's own dead end is its choice's, not a raised error
+        RequestOutput(
+            "r",
+            0,
+            "",
+            [],
+            finished=True,
+            finish_reason="error",
+            error="a dead end",
+            error_code="grammar_dead_end",
+        )
+    )

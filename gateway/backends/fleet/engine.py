@@ -36,7 +36,7 @@ from cloud.text.prompt import render_chat_prompt
 from gateway.backends.fleet.backend import FleetBackend
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.keys import RequestKeys
-from gateway.backends.fleet.proxy import RETRY_STATUSES, done, failed, route
+from gateway.backends.fleet.proxy import begin, done, failed, post, route
 from shared.block_hash import salt_key
 from shared.engine_types import (
     ChatPrompt,
@@ -156,7 +156,7 @@ class FleetEngine:
         body = msgspec.msgpack.encode(EmbedRequest(request_id=request_id, inputs=inputs, pooling=pooling))
 
         async def send(b: FleetBackend) -> bytes | str:
-            resp = await self.post(b, EMBED_PATH, body, stream=False)
+            resp = await self.send(b, EMBED_PATH, body, stream=False)
             if isinstance(resp, str):
                 return resp
             self.answered_by.append(b.name)
@@ -172,27 +172,16 @@ class FleetEngine:
         """Backends that are not ctxfuse workers: never sent a planned request."""
         return {b.name for b in self.fleet.backends if b.kind != "ctxfuse"}
 
-    async def post(self, b: FleetBackend, path: str, body: bytes, *, stream: bool) -> httpx.Response | str:
+    async def send(self, b: FleetBackend, path: str, body: bytes, *, stream: bool) -> httpx.Response | str:
         """The worker's 200 (streaming: still open, counted in flight until `done`), or why it failed
         (a str: try another); its refusal (4xx) raised."""
         fleet = self.fleet
-        fleet.metrics.requests.labels(backend=b.name, version=b.spec.version).inc()
-        b.in_flight += 1
-        fleet.metrics.in_flight.labels(backend=b.name).set(b.in_flight)
-        start = time.monotonic()
+        start = begin(fleet, b)
         kept = False
         try:
-            req = fleet.client.build_request(
-                "POST", f"{b.url}{path}", content=body, headers={"content-type": MSGPACK}
-            )
-            try:
-                resp = await fleet.client.send(req, stream=True)
-            except httpx.HTTPError as exc:
-                kind = "connect" if isinstance(exc, httpx.ConnectError) else "transport"
-                return failed(fleet, b, kind, exc, start)
-            if resp.status_code in RETRY_STATUSES:
-                await resp.aclose()
-                return failed(fleet, b, "status", f"answered {resp.status_code}", start)
+            resp = await post(fleet, b, path, body, {"content-type": MSGPACK}, start)
+            if isinstance(resp, str):
+                return resp
             if resp.status_code != 200 or not stream:
                 try:
                     content = await resp.aread()
@@ -261,7 +250,7 @@ class RemoteGeneration:
         engine = self._engine
 
         async def send(b: FleetBackend) -> tuple[FleetBackend, httpx.Response] | str:
-            resp = await engine.post(b, GENERATE_PATH, self._body, stream=True)
+            resp = await engine.send(b, GENERATE_PATH, self._body, stream=True)
             return resp if isinstance(resp, str) else (b, resp)
 
         self._tried |= engine.foreign()

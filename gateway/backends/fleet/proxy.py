@@ -142,27 +142,40 @@ def _decide(
     return choose(fleet.config.policy, candidates, matched, total, fleet.rng)
 
 
-async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes] | Stream | str:
-    """The answer to relay, or why this backend failed before any byte reached the client."""
+def begin(fleet: Fleet, b: FleetBackend) -> float:
+    """Count a request sent to `b` (in flight until `done`); its start time."""
     fleet.metrics.requests.labels(backend=b.name, version=b.spec.version).inc()
     b.in_flight += 1
     fleet.metrics.in_flight.labels(backend=b.name).set(b.in_flight)
-    start = time.monotonic()
+    return time.monotonic()
+
+
+async def post(
+    fleet: Fleet, b: FleetBackend, path: str, body: bytes, headers: dict[str, str], start: float
+) -> httpx.Response | str:
+    """`b`'s answer to a POST, its body still to read, or why it failed (a str: try another)."""
+    req = fleet.client.build_request("POST", f"{b.url}{path}", content=body, headers=headers)
+    try:
+        resp = await fleet.client.send(req, stream=True)
+    except httpx.HTTPError as exc:
+        return failed(fleet, b, "connect" if isinstance(exc, httpx.ConnectError) else "transport", exc, start)
+    if resp.status_code in RETRY_STATUSES:
+        await resp.aclose()
+        return failed(fleet, b, "status", f"answered {resp.status_code}", start)
+    return resp
+
+
+async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes] | Stream | str:
+    """The answer to relay, or why this backend failed before any byte reached the client."""
+    start = begin(fleet, b)
     handed_over = False
     try:
         headers = {"content-type": "application/json"}
         if out.tenant is not None:
             headers[TENANT_HEADER] = out.tenant
-        req = fleet.client.build_request("POST", f"{b.url}{out.path}", content=out.body, headers=headers)
-        try:
-            resp = await fleet.client.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            return failed(
-                fleet, b, "connect" if isinstance(exc, httpx.ConnectError) else "transport", exc, start
-            )
-        if resp.status_code in RETRY_STATUSES:
-            await resp.aclose()
-            return failed(fleet, b, "status", f"answered {resp.status_code}", start)
+        resp = await post(fleet, b, out.path, out.body, headers, start)
+        if isinstance(resp, str):
+            return resp
         headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
         headers[BACKEND_HEADER] = b.name  # which backend answered: for the client's logs and ours
         media = resp.headers.get("content-type", "application/json")
