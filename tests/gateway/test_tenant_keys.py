@@ -131,6 +131,22 @@ def test_tokens_per_minute_are_counted_from_real_usage(keyed: tuple[Running, Key
     assert int(err.value.response.headers["retry-after"]) >= 1
 
 
+def test_a_request_the_engine_refuses_at_submit_is_charged_nothing(keyed: tuple[Running, KeyStore]) -> None:
+    """A regex that does not compile is refused when the engine takes the request, after the key's
+    tokens were reserved: the reservation goes back, whole."""
+    running, store = keyed
+    _, key = store.create("acme", KeyLimits(tpm=400))
+    client = _client(running, key)
+    for _ in range(3):  # 3 x (prompt + 300) would not fit a 400-token minute if any were charged
+        with pytest.raises(openai.BadRequestError, match="regex"):
+            client.chat.completions.create(
+                model=MODEL, messages=HI, max_tokens=300, extra_body={"guided_regex": "(ab"}
+            )
+    reply = client.chat.completions.with_raw_response.create(model=MODEL, messages=HI, max_tokens=300)
+    used = reply.parse().usage.total_tokens  # type: ignore[union-attr]
+    assert reply.headers["x-ratelimit-remaining-tokens"] == str(400 - used)
+
+
 def test_requests_in_flight_are_capped_per_key(keyed: tuple[Running, KeyStore]) -> None:
     running, store = keyed
     _, key = store.create("acme", KeyLimits(max_concurrent=1))
