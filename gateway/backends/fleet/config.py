@@ -19,6 +19,14 @@ kind = "auto"              # ctxfuse (reports its blocks) | openai (any other se
 version = "v1"
 weight = 90
 max_concurrency = 32       # requests in flight before it counts as busy (OpenAI servers report no load)
+
+[discovery]                # and/or: workers found by a DNS name (a Kubernetes headless Service)
+dns = "ctxfuse-worker.ctxfuse.svc.cluster.local"
+port = 8001
+refresh_s = 10             # resolved again this often; addresses that come are added, those gone dropped
+kind = "ctxfuse"
+version = "v1"
+weight = 100               # the traffic weight of `version` these workers add, however many they are
 ```
 """
 
@@ -33,6 +41,7 @@ from gateway.backends.fleet.canary import CanaryPolicy
 
 Policy = Literal["prefix", "least-load", "random"]
 Kind = Literal["auto", "ctxfuse", "openai"]
+Scheme = Literal["http", "https"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,47 @@ class BackendSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoverySpec:
+    """Backends found by resolving a DNS name: each address it resolves to is one backend at `port`
+    (a Kubernetes headless Service resolves to its ready pods). Backends named in the file stay."""
+
+    dns: str
+    port: int = 8001
+    refresh_s: float = 10.0
+    kind: Kind = "auto"
+    version: str = "default"
+    weight: float = 1.0  # added to `version`'s traffic weight once, however many addresses resolve
+    scheme: Scheme = "http"
+    max_concurrency: int = 32
+
+    def __post_init__(self) -> None:
+        if not self.dns or "/" in self.dns or ":" in self.dns:
+            raise ValueError(f"discovery: dns must be a host name, not {self.dns!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"discovery: port must be in 1..65535, got {self.port}")
+        if not self.refresh_s > 0:
+            raise ValueError(f"discovery: refresh_s must be positive, got {self.refresh_s}")
+        if self.kind not in get_args(Kind):
+            raise ValueError(f"discovery: kind must be one of {', '.join(get_args(Kind))}")
+        if self.scheme not in get_args(Scheme):
+            raise ValueError(f"discovery: scheme must be one of {', '.join(get_args(Scheme))}")
+        if self.weight < 0 or self.max_concurrency < 1:
+            raise ValueError("discovery: weight must be >= 0 and max_concurrency >= 1")
+
+    def backend(self, address: str) -> BackendSpec:
+        """The backend at one resolved address, named after it (names are unique per address)."""
+        host = f"[{address}]" if ":" in address else address
+        return BackendSpec(
+            name=f"{host}:{self.port}",
+            url=f"{self.scheme}://{host}:{self.port}",
+            kind=self.kind,
+            version=self.version,
+            weight=0.0,  # the version's weight is the discovery's own (version_weights)
+            max_concurrency=self.max_concurrency,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class FleetConfig:
     backends: tuple[BackendSpec, ...]
     policy: Policy = "prefix"
@@ -73,14 +123,15 @@ class FleetConfig:
     backend_key: str | None = field(default=None, repr=False)
     # tenants reuse one another's cached prefixes on the workers (serve's --share-prefix-cache)
     share_prefix_cache: bool = False
+    discovery: DiscoverySpec | None = None  # more backends, found by DNS (discovery.py)
 
     def cache_salt(self, salt: str | None) -> str | None:
         """The salt a request whose tenant's own partition is `salt` runs under on the workers."""
         return None if self.share_prefix_cache else salt
 
     def __post_init__(self) -> None:
-        if not self.backends:
-            raise ValueError("a fleet needs at least one backend")
+        if not self.backends and self.discovery is None:
+            raise ValueError("a fleet needs at least one backend, or a [discovery] section")
         names = [b.name for b in self.backends]
         if len(set(names)) != len(names):
             raise ValueError(f"backend names must be unique: {names}")
@@ -94,7 +145,17 @@ class FleetConfig:
         weights: dict[str, float] = {}
         for b in self.backends:
             weights[b.version] = weights.get(b.version, 0.0) + b.weight
+        if self.discovery is not None:
+            d = self.discovery
+            weights[d.version] = weights.get(d.version, 0.0) + d.weight
         return weights
+
+    @property
+    def all_openai(self) -> bool:
+        """Whether every backend, found or named, is known to be a plain OpenAI-compatible server (no
+        ctxfuse worker will send the router its tokenizer)."""
+        kinds = [b.kind for b in self.backends] + ([self.discovery.kind] if self.discovery else [])
+        return all(k == "openai" for k in kinds)
 
 
 def from_urls(urls: list[str], policy: Policy = "prefix") -> FleetConfig:
@@ -118,9 +179,10 @@ def load(path: Path) -> FleetConfig:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"cannot read the fleet file {path}: {exc}") from exc
-    raw = data.get("backend")
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{path}: list the backends as [[backend]] tables")
+    raw = data.get("backend", [])
+    found = _section(data, "discovery")
+    if not isinstance(raw, list) or not (raw or found):
+        raise ValueError(f"{path}: list the backends as [[backend]] tables, or find them by [discovery]")
     try:
         backends = tuple(
             BackendSpec(**{**b, "url": str(b.get("url", "")).rstrip("/").removesuffix("/v1")}) for b in raw
@@ -129,6 +191,7 @@ def load(path: Path) -> FleetConfig:
         return FleetConfig(
             backends=backends,
             canary=CanaryPolicy(**_section(data, "canary")),
+            discovery=DiscoverySpec(**found) if found else None,
             **routing,
         )
     except TypeError as exc:  # an unknown or missing key

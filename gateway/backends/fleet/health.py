@@ -28,6 +28,7 @@ import structlog
 
 from cloud.model.text_side import load_text_side, text_side_from
 from gateway.backends.fleet.backend import FleetBackend
+from gateway.backends.fleet.discovery import Discovery
 from gateway.backends.fleet.fleet import Fleet
 from shared.errors import ModelLoadError
 from shared.fleet_protocol import HASH_SCHEME, BlockEvents, TextSide, WorkerState
@@ -160,7 +161,21 @@ async def check_all(fleet: Fleet) -> None:
 
 
 async def run_checks(fleet: Fleet) -> None:
-    """Forever, every health_interval_s: all backends at once."""
-    while True:
-        await check_all(fleet)
-        await asyncio.sleep(fleet.config.health_interval_s)
+    """Forever, every health_interval_s: all backends at once; with [discovery], the backends its
+    name resolves to are added and dropped alongside (discovery.py), each checked once it comes."""
+    found = None
+    if fleet.config.discovery is not None:
+        discovery = Discovery(fleet, fleet.config.discovery)
+
+        async def check_new(backends: list[FleetBackend]) -> None:
+            await asyncio.gather(*(check(fleet, b) for b in backends))
+
+        found = asyncio.create_task(discovery.run(check_new), name="fleet-discovery")
+    try:
+        while True:
+            await check_all(fleet)
+            await asyncio.sleep(fleet.config.health_interval_s)
+    finally:
+        if found is not None:
+            found.cancel()
+            await asyncio.gather(found, return_exceptions=True)

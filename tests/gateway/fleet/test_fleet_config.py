@@ -64,6 +64,11 @@ def test_the_fleet_file_gives_backends_versions_weights_and_settings(tmp_path: P
         ("[[backend]]\nname='a'\nurl='http://x'\nkind='grpc'\n", "kind"),
         ("nothing = 1\n", "[[backend]]"),
         ("[[backend]\n", "cannot read"),
+        ("[discovery]\ndns='w'\nport=0\n", "port"),
+        ("[discovery]\ndns='http://w'\n", "host name"),
+        ("[discovery]\ndns='w'\nrefresh_s=0\n", "refresh_s"),
+        ("[discovery]\ndns='w'\nkind='grpc'\n", "kind"),
+        ("[discovery]\ndns='w'\nttl=5\n", "ttl"),
     ],
 )
 def test_a_bad_fleet_file_is_refused_naming_the_problem(tmp_path: Path, text: str, says: str) -> None:
@@ -111,3 +116,32 @@ def test_the_backend_key_file_is_read_like_every_key_file(
     ]:
         with pytest.raises(SecretRefused, match=says):
             fleet_config(build_parser().parse_args([*serve, *argv]))
+
+
+def test_a_fleet_file_may_find_its_workers_by_dns_alone_or_beside_named_backends(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text("[discovery]\ndns = 'ctxfuse-worker'\nrefresh_s = 5\nkind = 'ctxfuse'\nversion = 'v1'\n")
+    config = load(path)
+    assert config.backends == () and config.discovery is not None
+    d = config.discovery
+    assert (d.dns, d.port, d.refresh_s, d.kind, d.version, d.weight) == (
+        "ctxfuse-worker",
+        8001,
+        5,
+        "ctxfuse",
+        "v1",
+        1.0,
+    )
+    assert config.version_weights == {"v1": 1.0} and not config.all_openai
+    spec = d.backend("10.1.2.3")
+    assert (spec.name, spec.url, spec.kind, spec.version) == (
+        "10.1.2.3:8001",
+        "http://10.1.2.3:8001",
+        "ctxfuse",
+        "v1",
+    )
+    assert d.backend("fd00::7").url == "http://[fd00::7]:8001"
+    path.write_text(FILE + "\n[discovery]\ndns = 'w'\nversion = 'v2'\nweight = 30\nkind = 'openai'\n")
+    both = load(path)
+    assert [b.name for b in both.backends] == ["a", "b"] and both.version_weights == {"v1": 90, "v2": 40}
+    assert not both.all_openai  # backend a's kind is auto
