@@ -136,6 +136,18 @@ class SampleResult:
     rejected: bool = False  # the request's grammar refused the token: the request must end in error
 
 
+@dataclass(frozen=True, slots=True)
+class PhaseTimes:
+    """Where a finished choice spent its time in the engine, in seconds: back to back from its arrival
+    to its finish, so a reader that knows when the finish arrived can lay the phases out in time
+    (durations, not clock readings: they mean the same in every process). A phase that never began
+    is None: a choice aborted in the queue has no prefill, one that never sampled a token no decode."""
+
+    queue_s: float  # arrival -> first admission (or -> finish, never admitted)
+    prefill_s: float | None  # first admission -> first token (or -> finish, no token)
+    decode_s: float | None  # first token -> finish
+
+
 @dataclass(slots=True)
 class RequestOutput:
     request_id: str  # the id the caller submitted (shared by its n > 1 choices)
@@ -152,6 +164,7 @@ class RequestOutput:
     # with the first output, when asked: one entry per prompt token (the first has no logprob)
     prompt_logprobs: list[SampleResult] | None = None
     queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
+    phases: PhaseTimes | None = None  # on a choice's finished output only (traces, gateway/ops/tracing.py)
     error: str | None = None
     # why a choice that finished with "error" did, when the client caused it (e.g. grammar_dead_end);
     # None: the engine failed

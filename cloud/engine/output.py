@@ -4,10 +4,12 @@ string that is still forming is never streamed."""
 
 from __future__ import annotations
 
+import time
+
 from cloud.engine.request import FinishReason, Request
 from cloud.model.detokenizer import IncrementalDecoder
 from cloud.model.tokenizer import Tokenizer
-from shared.engine_types import RequestOutput
+from shared.engine_types import PhaseTimes, RequestOutput
 
 
 class TextState:
@@ -62,4 +64,18 @@ def make_output(
         queue_time_s=None
         if req.first_scheduled_time is None
         else req.first_scheduled_time - req.arrival_time,
+        phases=None if finish is None else phase_times(req, time.monotonic()),
+    )
+
+
+def phase_times(req: Request, finished: float) -> PhaseTimes:
+    """The request's queue, prefill and decode, back to back from its arrival to `finished` (the
+    engine's monotonic clock, as every time on the request)."""
+    admitted, first_token = req.first_scheduled_time, req.first_token_time
+    if admitted is None:
+        return PhaseTimes(queue_s=finished - req.arrival_time, prefill_s=None, decode_s=None)
+    if first_token is None:
+        return PhaseTimes(queue_s=admitted - req.arrival_time, prefill_s=finished - admitted, decode_s=None)
+    return PhaseTimes(
+        queue_s=admitted - req.arrival_time, prefill_s=first_token - admitted, decode_s=finished - first_token
     )

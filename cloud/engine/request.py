@@ -54,6 +54,7 @@ class Request:
     sliding: bool = False
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # when it was first admitted (the end of its queueing)
+    first_token_time: float | None = None  # when its first token was sampled (the end of its prefill)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks of token_ids so far
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
@@ -78,6 +79,8 @@ class Request:
 
     def append_token(self, token_id: int) -> FinishReason | None:
         """Record a sampled token; return why the request is now finished, if it is."""
+        if not self.output_token_ids:
+            self.first_token_time = time.monotonic()
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
         if not self.params.ignore_eos and token_id in self.eos_token_ids:

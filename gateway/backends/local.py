@@ -13,8 +13,9 @@ from gateway.backends.worker import ROUTES as WORKER_ROUTES
 from gateway.backends.worker import WorkerEngine
 from gateway.batch.executor import Answer
 from gateway.config import GatewayConfig
-from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.stores import AnyChunkStore
 from gateway.openai.planner import Planner, json_response
+from gateway.ops import tracing
 from gateway.seam import Backend
 from gateway.state import Gateway
 from gateway.upstream import Answered, AnyRequest, ChatAnswer
@@ -31,7 +32,7 @@ class EngineUpstream:
     kind = "engine"
 
     def __init__(self, backend: Backend, config: GatewayConfig, worker: WorkerEngine | None = None) -> None:
-        self.backend = backend
+        self.backend = tracing.traced(backend)  # itself unless traces are on
         self.model_name: str | None = backend.model_name
         self.names = {backend.model_name}  # and its aliases, when several models are served (models.py)
         self.planner = Planner(config)
@@ -110,7 +111,7 @@ class EngineUpstream:
 def engine_gateway(
     backend: Backend,
     config: GatewayConfig,
-    chunk_store: ChunkStore | None = None,
+    chunk_store: AnyChunkStore | None = None,
     worker: WorkerEngine | None = None,
 ) -> Gateway:
     """The gateway's state over an engine (`chunk_store`: the edge link's, when it listens)."""

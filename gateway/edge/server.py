@@ -21,6 +21,7 @@ from gateway.config import GatewayConfig
 from gateway.edge import routes as edge_routes
 from gateway.edge.device_limit import DeviceLimit
 from gateway.openai.routes import list_models, retrieve_model
+from gateway.ops import tracing
 from gateway.ops.observe import Observe
 from gateway.server import bound_port
 from gateway.state import Gateway
@@ -35,7 +36,7 @@ def create_edge_app(gateway: Gateway) -> ASGIApp:
     routes = [*edge_routes.ROUTES, list_models, retrieve_model, *batch_routes.ROUTES]
     app = litestar_app(gateway, routes, batches, openapi=False)
     limited = DeviceLimit(app, gateway.config.device_max_in_flight)
-    return Observe(limited, gateway.metrics)
+    return Observe(tracing.middleware(limited, worker=False), gateway.metrics)
 
 
 class EdgeServer(uvicorn.Server):

@@ -28,6 +28,7 @@ from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.policy import Decision, choose
 from gateway.encoding import sse_event
 from gateway.errors import ServiceUnavailableError
+from gateway.ops import tracing
 from gateway.ops.observe import annotate
 from shared.errors import CtxfuseError, NotFoundError
 
@@ -99,6 +100,8 @@ async def route(
     tried |= {b.name for b in fleet.backends if not b.serves(model)}
     if all(not b.serves(model) for b in fleet.backends):
         served = sorted({m for b in fleet.backends for m in b.models})
+        if not served:  # no backend found yet (discovery), or none has said what it serves
+            raise ServiceUnavailableError("no backend is available: none is known or reachable yet")
         raise NotFoundError(
             f"the model `{model}` does not exist; the fleet serves {', '.join(served)}",
             param="model",
@@ -119,7 +122,13 @@ async def route(
         # known as held from now: the same prefix arriving during this prefill (which may take
         # seconds, and no block event reports it before its end) follows it there
         fleet.remember(b, keys)
-        answer = await send(b)
+        block_size = b.block_size if b.reports_blocks else None
+        with tracing.route_attempt(
+            b.name, b.spec.version, fleet.config.policy, attempt, decision.kind, decision.matched, block_size
+        ) as span:
+            answer = await send(b)
+            if isinstance(answer, str):
+                tracing.failed(span, answer)
         if isinstance(answer, str):
             last = f"{b.name}: {answer}"
             continue
@@ -153,7 +162,9 @@ def begin(fleet: Fleet, b: FleetBackend) -> float:
 async def post(
     fleet: Fleet, b: FleetBackend, path: str, body: bytes, headers: dict[str, str], start: float
 ) -> httpx.Response | str:
-    """`b`'s answer to a POST, its body still to read, or why it failed (a str: try another)."""
+    """`b`'s answer to a POST, its body still to read, or why it failed (a str: try another). The
+    current trace goes with it (`traceparent`), to a worker or any other server."""
+    tracing.inject(headers)
     req = fleet.client.build_request("POST", f"{b.url}{path}", content=body, headers=headers)
     try:
         resp = await fleet.client.send(req, stream=True)
