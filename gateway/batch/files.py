@@ -98,6 +98,18 @@ class KeyReused:
 KEY_REUSED = KeyReused()
 
 
+def new_file(purpose: str, filename: str, size: int, ttl_s: int | None, now: int) -> FileObject:
+    """A new file's object (`ttl_s`: its lifetime, None: until deleted), not yet stored."""
+    return FileObject(
+        id=f"file-{uuid.uuid4().hex[:24]}",
+        bytes=size,
+        created_at=now,
+        filename=filename,
+        purpose=purpose,
+        expires_at=None if ttl_s is None else now + ttl_s,
+    )
+
+
 class FileStore:
     def __init__(
         self, path: Path | str, clock: Callable[[], float] = time.time, default_ttl_s: int | None = None
@@ -185,16 +197,7 @@ class FileStore:
             return f
 
     def _new_file(self, purpose: str, filename: str, size: int, ttl_s: int | None) -> FileObject:
-        now = int(self._clock())
-        ttl_s = ttl_s or self._default_ttl_s
-        return FileObject(
-            id=f"file-{uuid.uuid4().hex[:24]}",
-            bytes=size,
-            created_at=now,
-            filename=filename,
-            purpose=purpose,
-            expires_at=None if ttl_s is None else now + ttl_s,
-        )
+        return new_file(purpose, filename, size, ttl_s or self._default_ttl_s, int(self._clock()))
 
     def _insert_file(
         self,

@@ -9,8 +9,11 @@ Files expire as OpenAI's do: `expires_after[anchor]=created_at` and `expires_aft
 upload, `output_expires_after` on a batch for its output and error files (N from an hour to 30 days).
 An expired file is gone at once (404, out of lists); the runner's sweep frees its space later.
 
-Every store call runs on a worker thread (`_off_loop`): SQLite waits on the disk, and a slow disk must
-stall these routes only, never /health or a chat stream. File content goes out in pieces.
+Every store call runs on a worker thread (`_off_loop`): SQLite waits on the disk (Redis, with
+`--redis-url`, on the network), and a slow disk must stall these routes only, never /health or a chat
+stream. File content goes out in pieces. With Redis, every replica answers for every file, batch and
+key; while Redis cannot be reached these routes answer 503 (SharedStateDown), never from this
+replica's own state.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
 from gateway.access.auth import principal_of
-from gateway.batch.files import ContentRef, FileStore, Idem, KeyReused
+from gateway.batch.files import ContentRef, Idem, KeyReused
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import WINDOW_S
+from gateway.batch.store_api import Store
 from gateway.encoding import encode
 from gateway.errors import ConflictError, IdempotencyKeyReusedError, RequestTooLargeError
 from gateway.openai.decode import decode_body
@@ -59,7 +63,8 @@ def _runner(request: AnyRequest) -> BatchRunner:
 
 
 async def _off_loop(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """A store call on a worker thread (the store is thread-safe: one connection behind a lock)."""
+    """A store call on a worker thread (the stores are thread-safe: SQLite's one connection behind a
+    lock, Redis's client a connection pool)."""
     return await asyncio.to_thread(call, *args, **kwargs)
 
 
@@ -166,7 +171,7 @@ async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Stream:
     return Stream(_pieces(store, ref), media_type="application/octet-stream", headers=headers)
 
 
-async def _pieces(store: FileStore, ref: ContentRef) -> AsyncIterator[bytes]:
+async def _pieces(store: Store, ref: ContentRef) -> AsyncIterator[bytes]:
     """The content a piece at a time; a file deleted meanwhile ends short (the client sees the cut)."""
     for offset in range(0, ref.size, _PIECE_BYTES):
         piece = await _off_loop(store.read_content, ref, offset, _PIECE_BYTES)

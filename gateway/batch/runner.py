@@ -20,6 +20,13 @@ second process over the same dir refuses to start (DirInUse, when the database e
 answers batch routes with a 503 naming the owner (when both started before it existed); it never
 runs a batch the first one runs. The lock is taken with the database rather than at start so that
 gateways which never serve a batch (most test gateways share the default dir) never contend.
+
+Replicas over one Redis (`--redis-url`): the store is Redis's (batch/store_redis.py), there is no dir
+lock, and every replica's runner polls for active batches every POLL_S (a wake() is this process's
+only). A runner drives a batch only while it holds the batch's lease (batch/lease.py, which states
+what "no request runs twice" holds): it renews the lease every ttl/3, starts no request of the batch
+once a renewal fails, and lets go when the batch is done. While Redis is down, store calls raise
+SharedStateDown: a batch waits (RETRY_S apart), it is never failed for it.
 """
 
 from __future__ import annotations
@@ -37,9 +44,13 @@ import structlog
 
 from gateway.batch.executor import BATCH_PRIORITY, Answer, Executor
 from gateway.batch.input import BatchItem, parse_batch_input
+from gateway.batch.lease import HeldLease, Leases, LocalLeases, RedisLeases
 from gateway.batch.store import ACTIVE, BatchStore
+from gateway.batch.store_api import Store
+from gateway.batch.store_redis import RedisBatchStore
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
+from gateway.shared_state.redis_link import RedisLink, SharedStateDown
 from shared.batch_protocol import (
     Batch,
     BatchError,
@@ -57,6 +68,8 @@ RETRY_S = 1.0  # wait before retrying work that could not be taken (queue full, 
 MAX_RUNNING = 4  # batches run side by side (GatewayConfig.max_running_batches)
 ATTEMPTS = 3  # unexpected errors in a row on one batch before it is failed
 SWEEP_S = 60.0  # between deletions of expired files (they are hidden from their expiry on anyway)
+POLL_S = 1.0  # with Redis: between looks for batches made (or left by a dead replica) elsewhere
+_LOOK_AHEAD = 256  # active batches looked at per pass for one whose lease is free
 
 
 def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
@@ -86,7 +99,12 @@ class BatchRunner:
         clock: Callable[[], float] = time.time,
         max_running: int = MAX_RUNNING,
         file_ttl_s: int | None = None,
+        redis: RedisLink | None = None,
+        lease_s: float | None = None,
     ):
+        """`path`: the SQLite database (unused with `redis`, the store every replica shares);
+        `lease_s`: with Redis, how long a batch stays leased to a replica that stopped renewing (None:
+        batch/lease.py's default)."""
         if max_running < 1 or concurrency < 1:
             raise ValueError(f"max_running and concurrency must be >= 1, got {max_running} and {concurrency}")
         self.execute = execute  # the in-process engine's (batch/executor.py) or the fleet's
@@ -96,7 +114,9 @@ class BatchRunner:
         self.priority = priority
         self.clock = clock  # seconds since the epoch; decides when a batch, or a file, has expired
         self.file_ttl_s = file_ttl_s  # lifetime of a file made without one (None: until deleted)
-        self._store: BatchStore | None = None
+        self.redis = redis
+        self.leases: Leases = LocalLeases() if redis is None else RedisLeases(redis, lease_s)
+        self._store: Store | None = None
         self._dir_lock: DirLock | None = None
         self._task: asyncio.Task[None] | None = None
         # one event per waiter (the loop, each running batch): a waiter clears only its own, so no
@@ -107,21 +127,26 @@ class BatchRunner:
         self._started = False
 
     @property
-    def store(self) -> BatchStore:
+    def store(self) -> Store:
         if self._store is None:
-            lock = lock_dir(self.path.parent, "ctxfuse gateway batch runner")
-            if isinstance(lock, HeldBy):
-                raise DirInUse(lock, "gateway data dir (--data-dir)")
-            self._dir_lock = lock
-            # the store asks the runner's clock each time, so one clock decides every expiry
-            self._store = BatchStore(self.path, lambda: self.clock(), self.file_ttl_s)
+            self._store = self._open()
         if self._started and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch-runner")
         return self._store
 
+    def _open(self) -> Store:
+        # the store asks the runner's clock each time, so one clock decides every expiry
+        if self.redis is not None:
+            return RedisBatchStore(self.redis, lambda: self.clock(), self.file_ttl_s)
+        lock = lock_dir(self.path.parent, "ctxfuse gateway batch runner")
+        if isinstance(lock, HeldBy):
+            raise DirInUse(lock, "gateway data dir (--data-dir)")
+        self._dir_lock = lock
+        return BatchStore(self.path, lambda: self.clock(), self.file_ttl_s)
+
     async def start(self) -> None:
         self._started = True
-        if self.path.exists():
+        if self.redis is not None or self.path.exists():
             _ = self.store  # unfinished batches of an earlier process resume now
 
     async def stop(self) -> None:
@@ -155,7 +180,7 @@ class BatchRunner:
                 await self._take(running)
                 waker = asyncio.create_task(self._wake.wait())
                 await asyncio.wait(
-                    {*running.values(), waker}, timeout=SWEEP_S, return_when=asyncio.FIRST_COMPLETED
+                    {*running.values(), waker}, timeout=self._poll_s(), return_when=asyncio.FIRST_COMPLETED
                 )
                 waker.cancel()
                 for batch_id in [i for i, t in running.items() if t.done()]:
@@ -164,6 +189,10 @@ class BatchRunner:
             for t in running.values():
                 t.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+    def _poll_s(self) -> float:
+        """Alone over a data dir, wakes say when there is work; replicas also look every POLL_S."""
+        return SWEEP_S if self.redis is None else POLL_S
 
     async def sweep(self) -> int:
         """Delete the expired files (the disk is freed); how many went. A failure is logged and left
@@ -178,33 +207,74 @@ class BatchRunner:
         return gone
 
     async def _take(self, running: dict[str, asyncio.Task[None]]) -> None:
-        """Start driving the oldest active batches, up to max_running in all."""
+        """Start driving the oldest active batches whose lease this runner gets, up to max_running."""
         free = self.max_running - len(running)
         if free <= 0:
             return
         skip = frozenset(running) | self._given_up
         try:
-            ids = await asyncio.to_thread(self.store.active_ids, free, skip)
-        except Exception:
-            log.exception("batch_runner_store_error")
+            ids = await asyncio.to_thread(self.store.active_ids, _LOOK_AHEAD, skip)
+        except Exception as exc:
+            if isinstance(exc, SharedStateDown):  # no traceback: it says what is down
+                log.warning("batch_runner_store_down", error=str(exc))
+            else:
+                log.exception("batch_runner_store_error")
             await asyncio.sleep(RETRY_S)
             self._wake.set()  # look again
             return
         for batch_id in ids:
-            running[batch_id] = asyncio.create_task(self._drive(batch_id), name=f"batch-{batch_id}")
+            sent_at = time.monotonic()
+            if await asyncio.to_thread(self.leases.acquire, batch_id):
+                lease = HeldLease(batch_id, self.leases.ttl_s, sent_at)
+                running[batch_id] = asyncio.create_task(self._drive(lease), name=f"batch-{batch_id}")
+                free -= 1
+                if free == 0:
+                    return
 
-    async def _drive(self, batch_id: str) -> None:
-        """Advance one batch until it is done; what goes wrong with it stays with it."""
-        errors = 0
+    async def _drive(self, lease: HeldLease) -> None:
+        """Advance one batch while this runner holds its lease, then let the lease go."""
+        keeper = asyncio.create_task(self._keep(lease), name=f"lease-{lease.batch_id}")
+        try:
+            await self._drive_held(lease)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            if lease.held():  # (a lapsed lease may be another replica's by now: release checks that too)
+                await asyncio.to_thread(self.leases.release, lease.batch_id)
+
+    async def _keep(self, lease: HeldLease) -> None:
+        """Renew the lease every ttl/3 until the batch is done; a failed renewal loses it, and wakes
+        the batch so it stops taking requests at once. Each renewal also wakes the batch to look at
+        the store again: a cancel made on another replica reaches it within ttl/3."""
+        if lease.ttl_s is None:
+            return
         while True:
+            await asyncio.sleep(lease.ttl_s / 3)
+            sent_at = time.monotonic()
+            if await asyncio.to_thread(self.leases.renew, lease.batch_id):
+                lease.renewed(sent_at)
+            else:
+                lease.lost = True
+                log.warning("batch_lease_lost", batch_id=lease.batch_id)
+            self.wake()
+            if lease.lost:
+                return
+
+    async def _drive_held(self, lease: HeldLease) -> None:
+        """Advance one batch until it is done or its lease is lost; what goes wrong with it stays
+        with it."""
+        batch_id = lease.batch_id
+        errors = 0
+        while lease.held():
             try:
                 batch = await asyncio.to_thread(self.store.get_batch, batch_id)
                 if batch is None or batch.status not in ACTIVE:
                     return
-                await self._advance(batch)
+                await self._advance(batch, lease)
                 errors = 0
             except ServiceUnavailableError:
-                await asyncio.sleep(RETRY_S)  # the engine stopped or the gateway drains: try later
+                # the engine stopped, the gateway drains or Redis is down: try later
+                await asyncio.sleep(RETRY_S)
             except Exception as exc:
                 errors += 1
                 log.exception("batch_runner_error", batch_id=batch_id, attempt=errors)
@@ -221,12 +291,12 @@ class BatchRunner:
             self._given_up.add(batch_id)
         log.error("batch_failed", batch_id=batch_id, error=type(exc).__name__)
 
-    async def _advance(self, batch: Batch) -> None:
+    async def _advance(self, batch: Batch, lease: HeldLease) -> None:
         store = self.store
         if batch.status == "validating":
             await self._validate(batch)
         elif batch.status == "in_progress":
-            await self._run(batch)
+            await self._run(batch, lease)
         elif batch.status == "finalizing":
             done = await asyncio.to_thread(store.finish, batch.id, "completed")
             log.info("batch_done", batch_id=batch.id, status=done.status if done else None)
@@ -237,7 +307,7 @@ class BatchRunner:
         await asyncio.to_thread(self._validate_sync, self.store, batch)
 
     @staticmethod
-    def _validate_sync(store: BatchStore, batch: Batch) -> None:
+    def _validate_sync(store: Store, batch: Batch) -> None:
         content = store.file_content(batch.input_file_id)
         if content is None:
             message = f"the input file {batch.input_file_id} expired or was deleted before the batch ran"
@@ -263,13 +333,15 @@ class BatchRunner:
         return False
 
     @staticmethod
-    def _expire(store: BatchStore, batch: Batch) -> None:
+    def _expire(store: Store, batch: Batch) -> None:
         error = BatchLineError(code="batch_expired", message="the batch expired before this request ran")
         for item in store.pending(batch.id):
             store.put_result(batch.id, item.line, False, _line(item, None, "", error))
         store.finish(batch.id, "expired")
 
-    async def _run(self, batch: Batch) -> None:
+    async def _run(self, batch: Batch, lease: HeldLease) -> None:
+        """Run the batch's requests without results, `concurrency` at a time, while the lease is
+        held; then (all run, the lease still held) move it on to finalizing."""
         pending = deque(await asyncio.to_thread(self.store.pending, batch.id))
         owner = await asyncio.to_thread(self.store.owner_of, batch.id)  # its requests run as its owner
         running: set[asyncio.Task[Any]] = set()
@@ -277,12 +349,13 @@ class BatchRunner:
         wake = asyncio.Event()
         self._waiters.add(wake)
         try:
-            while (pending and failed is None) or running:
+            while (pending and failed is None and lease.held()) or running:
                 wake.clear()  # before the check: a cancel stored after it still wakes the wait
                 if await self._halted(batch):
                     break
-                while failed is None and pending and len(running) < self.concurrency:
-                    running.add(asyncio.create_task(self._one(batch, pending.popleft(), owner)))
+                # a request starts only under the lease: once lost, what runs ends and nothing starts
+                while failed is None and pending and len(running) < self.concurrency and lease.held():
+                    running.add(asyncio.create_task(self._one(batch, pending.popleft(), owner, lease)))
                 waker = asyncio.create_task(wake.wait())
                 done, running = await asyncio.wait({*running, waker}, return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
@@ -299,11 +372,14 @@ class BatchRunner:
             for t in running:
                 t.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-        await asyncio.to_thread(self.store.transition, batch.id, "finalizing", only_from=("in_progress",))
+        if lease.held() and not pending:
+            await asyncio.to_thread(self.store.transition, batch.id, "finalizing", only_from=("in_progress",))
 
-    async def _one(self, batch: Batch, item: BatchItem, owner: str) -> None:
+    async def _one(self, batch: Batch, item: BatchItem, owner: str, lease: HeldLease) -> None:
         rid = uuid.uuid4().hex
         while True:
+            if not lease.held():
+                return  # no result stored: the lease's next holder runs it
             try:
                 answer = await self.execute(batch.endpoint, item.body, rid, self.priority, owner)
                 break

@@ -39,6 +39,23 @@ WINDOW_S = {"24h": 24 * 3600}  # completion windows served
 _PAGE = 64  # results read at a time while an output file is written
 
 
+def new_batch(req: BatchCreateRequest, now: int) -> tuple[Batch, int | None]:
+    """A new batch's object, not yet stored, and the lifetime of its output files (None: the store's
+    default)."""
+    b = Batch(
+        id=f"batch_{uuid.uuid4().hex[:24]}",
+        endpoint=req.endpoint,
+        input_file_id=req.input_file_id,
+        completion_window=req.completion_window,
+        status="validating",
+        created_at=now,
+        expires_at=now + WINDOW_S[req.completion_window],
+        metadata=req.metadata,
+    )
+    expiry = req.output_expires_after
+    return b, expiry.seconds if isinstance(expiry, ExpiresAfter) else None
+
+
 class BatchStore(FileStore):
     # -- batches ----------------------------------------------------------------------------------
 
@@ -52,18 +69,7 @@ class BatchStore(FileStore):
                 found = replay if isinstance(replay, KeyReused) else self._batch(db, replay)
                 if found is not None:  # (batches are never deleted, so a key's batch is there)
                     return found
-            b = Batch(
-                id=f"batch_{uuid.uuid4().hex[:24]}",
-                endpoint=req.endpoint,
-                input_file_id=req.input_file_id,
-                completion_window=req.completion_window,
-                status="validating",
-                created_at=now,
-                expires_at=now + WINDOW_S[req.completion_window],
-                metadata=req.metadata,
-            )
-            expiry = req.output_expires_after
-            ttl_s = expiry.seconds if isinstance(expiry, ExpiresAfter) else None
+            b, ttl_s = new_batch(req, now)
             db.execute(
                 "INSERT INTO batches (id, status, object, owner, output_ttl_s) VALUES (?, ?, ?, ?, ?)",
                 (b.id, b.status, encode(b), owner, ttl_s),
