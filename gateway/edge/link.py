@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from gateway.edge.budget import ExpansionBudget
-from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.stores import AnyChunkStore
 from shared.compression import ChunkError, decompress
 from shared.edge_protocol import DIGEST_BYTES, EdgeRequest, ref_index
 from shared.errors import CtxfuseError, InvalidRequestError
@@ -47,7 +47,7 @@ class MissingChunksError(CtxfuseError):
         return body
 
 
-def store_new_chunks(store: ChunkStore, req: EdgeRequest, limit: int, *, tenant: str) -> int:
+def store_new_chunks(store: AnyChunkStore, req: EdgeRequest, limit: int, *, tenant: str) -> int:
     """Check and store the chunks the request carries, as `tenant`'s; returns their decompressed
     bytes."""
     named = {d for text in req.texts for d in text}
@@ -74,7 +74,7 @@ def _wanted(req: EdgeRequest) -> list[bytes]:
     return list(dict.fromkeys(d for text in req.texts for d in text))
 
 
-def expand(store: ChunkStore, req: EdgeRequest, limit: int, *, tenant: str) -> Any:
+def expand(store: AnyChunkStore, req: EdgeRequest, limit: int, *, tenant: str) -> Any:
     """The app's request body with every chunked string put back; MissingChunksError if `tenant`
     holds not every chunk it names (after storing the ones the request carried); ExpandedTooLargeError
     (413) as soon as the texts, counted as often as the body puts each, pass `limit` bytes."""

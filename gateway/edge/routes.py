@@ -12,8 +12,8 @@ from litestar import Request, post
 
 from gateway.access.auth import principal_of
 from gateway.edge.budget import ExpansionBudget, check_ref_count
-from gateway.edge.chunk_store import ChunkStore
 from gateway.edge.link import expand, store_new_chunks
+from gateway.edge.stores import AnyChunkStore
 from gateway.errors import ServiceUnavailableError
 from gateway.openai.routes import answer, gateway_of
 from gateway.ops.metrics import Metrics
@@ -43,7 +43,9 @@ async def edge_request(request: AnyRequest) -> Answered:
     return await answer(request, _PATHS[endpoint], body, arrival)
 
 
-async def receive_edge_request(request: AnyRequest, store: ChunkStore, metrics: Metrics) -> tuple[str, bytes]:
+async def receive_edge_request(
+    request: AnyRequest, store: AnyChunkStore, metrics: Metrics
+) -> tuple[str, bytes]:
     """(the endpoint, the OpenAI JSON body with the device's strings put back). The request's new
     chunks are stored before anything but its size can refuse it, so a retry after a 409 sends only
     the rest. Chunks are stored and looked up as the caller's tenant's. Expanded, it is held to the
@@ -66,7 +68,7 @@ async def receive_edge_request(request: AnyRequest, store: ChunkStore, metrics: 
     return req.endpoint, body
 
 
-def store_and_expand(store: ChunkStore, req: EdgeRequest, limit: int, tenant: str) -> bytes:
+def store_and_expand(store: AnyChunkStore, req: EdgeRequest, limit: int, tenant: str) -> bytes:
     check_ref_count(req, limit)  # before the store is asked about any of them
     store_new_chunks(store, req, limit, tenant=tenant)
     try:
