@@ -7,7 +7,7 @@ LOCK    := requirements/all.lock
 PIP     := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint typecheck model bench setup lock clean gpu-check-prep
+.PHONY: serve test lint typecheck model bench setup lock clean gpu-check-prep system
 
 setup: $(STAMP)
 
@@ -58,7 +58,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: model lint typecheck
+# Debian packages the tests run for real: a Redis (the replicas' shared state) and kubectl (renders
+# deploy/'s overlays); installed where missing (as root, or through sudo)
+SYSTEM_TOOLS := redis-server kubectl
+system:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		sudo=$$([ "$$(id -u)" -ne 0 ] && command -v sudo >/dev/null && echo sudo); \
+		echo "installing$$missing (Debian packages)"; \
+		($$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null) || \
+		{ echo "make test needs$$missing: apt-get install$$missing" >&2; exit 1; }; \
+	fi
+
+test: model lint typecheck system
 	$(BIN)/python -m pytest -q --durations=30
 
 bench: model

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ctxfuse.cli_values import non_negative_int, positive_int
+from ctxfuse.cli_values import non_negative_int, positive_float, positive_int
 
 
 def add_batch_options(p: argparse.ArgumentParser) -> None:
@@ -18,7 +18,8 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="directory of the batch database: files, batches, results, idempotency keys; one gateway "
-        "process per directory, a second refuses to start (default CTXFUSE_HOME/gateway)",
+        "process per directory, a second refuses to start (default CTXFUSE_HOME/gateway); with "
+        "--redis-url those live in Redis, shared by every replica",
     )
     d = GatewayConfig()
     g.add_argument(
@@ -27,6 +28,15 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
         default=d.max_running_batches,
         help="batches run side by side, each a few requests at a time at low priority; a batch that "
         f"keeps failing is failed on its own and holds one of these (default {d.max_running_batches})",
+    )
+    g.add_argument(
+        "--batch-lease",
+        type=positive_float,
+        default=d.batch_lease_s,
+        metavar="SECONDS",
+        help="with --redis-url: a batch runs on one replica at a time, which renews its lease every third "
+        "of this; a replica that dies (or loses Redis) has its batches taken over by another this long "
+        f"after its last renewal (default {d.batch_lease_s:g})",
     )
     g.add_argument(
         "--file-ttl-days",

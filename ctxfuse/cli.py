@@ -183,6 +183,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     from gateway.bench.edge.cli import add_edge_bench_parser
     from gateway.bench.fleet_bench import add_fleet_bench_parser
     from gateway.bench.serving import add_serve_bench_parser
+    from gateway.bench.shared_state import add_shared_state_bench_parser
 
     bench = p.add_subparsers(dest="bench_command", required=True)
     be = bench.add_parser(
@@ -200,6 +201,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     ba.set_defaults(func=_cmd_bench_agreement)
     add_bench_gateway_parser(bench)
     add_fleet_bench_parser(bench)
+    add_shared_state_bench_parser(bench)
     add_longctx_parser(bench)
     add_prefill_cap_parser(bench)
     add_structured_parser(bench)

@@ -21,8 +21,9 @@ from gateway.backends.local import EngineUpstream
 from gateway.backends.models import ModelsUpstream
 from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
+from gateway.edge.stores import AnyChunkStore, open_chunk_store
 from gateway.ops.logs import configure_logging
-from gateway.server import open_chunk_store, run_servers, server_for
+from gateway.server import run_servers, server_for
 from gateway.state import Gateway
 from gateway.upstream import Upstream
 from shared.errors import CtxfuseError
@@ -65,7 +66,7 @@ def serve(
         )
     backends: list[InProcessBackend | ProcessBackend] = []
     engine = None
-    store = None
+    store: AnyChunkStore | None = None
     try:
         for c in configs:
             print(f"ctxfuse: loading the model {c.model or ''} ...", file=sys.stderr, flush=True)
@@ -74,12 +75,13 @@ def serve(
             backends.append(backend)
             for line in backend.describe:
                 print(f"ctxfuse: {line}", file=sys.stderr, flush=True)
-        store = open_chunk_store(config) if config.edge_port is not None else None
         engines = [EngineUpstream(b, config, engine) for b in backends]
         upstream: Upstream = engines[0]
         if len(engines) > 1 or aliases:
             upstream = ModelsUpstream(engines, dict(aliases or {}))
-        gateway = Gateway(upstream, config, store)
+        gateway = Gateway(upstream, config)
+        if config.edge_port is not None:  # in the shared Redis with --redis-url, else a local file
+            gateway.chunk_store = store = open_chunk_store(config, gateway.redis)
         server = server_for(gateway, worker=worker, exit_on_engine_death=True)
         run_servers(server)
     finally:

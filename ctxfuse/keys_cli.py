@@ -1,6 +1,7 @@
 """`ctxfuse keys`: tenants' API keys in the gateway's data directory (gateway/access/keys.py). The
 secret is printed once, by `create` and `rotate`; lists show a key's id, never its secret. A running
-gateway on the same data directory sees a change within seconds (gateway/access/auth.py)."""
+gateway on the same data directory sees a change within seconds (gateway/access/auth.py). With
+`--redis-url` (as given to the gateway replicas) the keys live in that Redis, for every replica."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from typing import TYPE_CHECKING
 from ctxfuse.cli_values import duration_s, positive_int
 
 if TYPE_CHECKING:
-    from gateway.access.keys import KeyStore
+    from gateway.access.keys import Keys
 
 
 def add_keys_parser(p: argparse.ArgumentParser) -> None:
     p.description = (
         "API keys of tenants: each key belongs to a tenant and may carry an expiry, allowed models and "
         "limits (requests and tokens per minute, requests in flight). Keys are stored hashed in "
-        "DATA_DIR/keys.sqlite; once one exists, `ctxfuse serve` on that directory requires a key."
+        "DATA_DIR/keys.sqlite (or, with --redis-url, in the Redis the gateway replicas share); once one "
+        "exists, `ctxfuse serve` on that directory (or Redis) requires a key."
     )
     cmd = p.add_subparsers(dest="keys_command", required=True)
 
@@ -59,6 +61,13 @@ def add_keys_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _data_dir(p: argparse.ArgumentParser) -> None:
+    from ctxfuse.shared_state_cli import REDIS_URL
+
+    REDIS_URL.add(
+        p,
+        help="keep the keys in this Redis, as given to `ctxfuse serve --redis-url` (several replicas); "
+        f"default ${REDIS_URL.env}, else the data directory",
+    )
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -68,10 +77,17 @@ def _data_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _store(args: argparse.Namespace) -> KeyStore:
+def _store(args: argparse.Namespace) -> Keys:
+    from ctxfuse.shared_state_cli import REDIS_URL
     from gateway.access.keys import KeyStore
     from gateway.config import GatewayConfig
 
+    url = REDIS_URL.read(args)
+    if url is not None:
+        from gateway.access.keys_redis import RedisKeyStore
+        from gateway.shared_state.redis_link import RedisLink
+
+        return RedisKeyStore(RedisLink(url))
     return KeyStore(GatewayConfig(data_dir=args.data_dir).data / "keys.sqlite")
 
 

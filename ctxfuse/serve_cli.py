@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ctxfuse.cli_values import SecretOption, positive_float, positive_int
 from ctxfuse.engine_cli import add_engine_options, engine_config, engine_configs
+from ctxfuse.shared_state_cli import REDIS_URL
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -56,12 +57,19 @@ def check_tls_options(args: argparse.Namespace) -> str | None:
     return None
 
 
+def check_redis_options(args: argparse.Namespace) -> str | None:
+    """A problem with --redis-url and the local stores it replaces, or None."""
+    if args.chunk_store is not None and REDIS_URL.read(args) is not None:
+        return "--chunk-store names a local file, but with --redis-url the edge link's chunks live in Redis"
+    return None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ctxfuse.edge_cli import check_edge_listener
     from ctxfuse.fleet_cli import fleet_config
     from ctxfuse.vision_cli import ensure_vision_files, vision_options
 
-    problem = check_edge_listener(args) or check_tls_options(args)
+    problem = check_edge_listener(args) or check_tls_options(args) or check_redis_options(args)
     if problem:
         print(f"ctxfuse: {problem}", file=sys.stderr)
         return 2
@@ -75,9 +83,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         device_max_in_flight=args.device_max_in_flight,
         data_dir=args.data_dir,
         max_running_batches=args.max_running_batches,
+        batch_lease_s=args.batch_lease,
         file_ttl_days=args.file_ttl_days,
         vision=vision_options(args),
         engine_process=not args.engine_in_process,
+        redis_url=REDIS_URL.read(args),
     )
     try:
         fleet = fleet_config(args)
@@ -207,12 +217,14 @@ def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     from ctxfuse.batch_cli import add_batch_options
     from ctxfuse.edge_cli import add_edge_listener_options
     from ctxfuse.fleet_cli import add_fleet_options
+    from ctxfuse.shared_state_cli import add_redis_option
     from ctxfuse.vision_cli import add_image_options
 
     add_gateway_options(sv)
     add_engine_process_option(sv)
     add_edge_listener_options(sv)
     add_batch_options(sv)
+    add_redis_option(sv)
     add_image_options(sv)
     add_fleet_options(sv)
     add_engine_options(sv)

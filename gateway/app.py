@@ -1,9 +1,10 @@
 """The gateway as an ASGI app, one for every upstream (an engine or the fleet, gateway/upstream.py):
 Litestar routes inside the API-key check, inside request observation.
 
-Observe (request id, log line, http metrics) -> Authenticate (who calls: a tenant's key, the
-server's --api-key or an open server; per-key limits) -> Litestar (the OpenAI routes, the Files and
-Batch API, /health, /ready, /metrics, and the upstream's own routes)
+Observe (request id, log line, http metrics) -> its span, when traces are on (ops/tracing.py) ->
+Authenticate (who calls: a tenant's key, the server's --api-key or an open server; per-key limits)
+-> Litestar (the OpenAI routes, the Files and Batch API, /health, /ready, /metrics, and the
+upstream's own routes)
 
 The first app built over a `Gateway` owns its lifecycle: its lifespan starts the upstream (the
 fleet's health checks) and then the batch runner (batch/runner.py), and stops them in reverse. The
@@ -27,7 +28,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
 from gateway.access.auth import Authenticate
-from gateway.access.keys import KeyStore
+from gateway.access.key_stores import key_store
 from gateway.batch import routes as batch_routes
 from gateway.batch.executor import upstream_executor
 from gateway.batch.runner import BatchRunner
@@ -37,6 +38,7 @@ from gateway.openai import responses
 from gateway.openai import routes as openai_routes
 from gateway.openai.response_store import close_store
 from gateway.ops import routes as ops_routes
+from gateway.ops import tracing
 from gateway.ops.observe import Observe
 from gateway.ops.openapi import document_bodies
 from gateway.state import Gateway
@@ -54,6 +56,8 @@ def batch_runner(gateway: Gateway) -> BatchRunner:
             config.data / "batches.sqlite",
             max_running=config.max_running_batches,
             file_ttl_s=config.file_ttl_s,
+            redis=gateway.redis,  # replicas share files, batches and keys; each batch is leased
+            lease_s=config.batch_lease_s,
         )
     return gateway.batches
 
@@ -64,10 +68,11 @@ def lifespan(gateway: Gateway, batches: BatchRunner | None) -> tuple[Hooks, Hook
         return [], []
     gateway.lifecycle_owned = True
     up = gateway.upstream
+    last: Hooks = [] if gateway.redis is None else [gateway.redis.aclose]  # after all that uses it
     if batches is None:
-        return [up.start], [up.stop]
+        return [up.start], [up.stop, *last]
     # the runner starts after the upstream: resumed batches find the fleet's backends known
-    return [up.start, batches.start], [batches.stop, up.stop]
+    return [up.start, batches.start], [batches.stop, up.stop, *last]
 
 
 def litestar_app(
@@ -118,8 +123,8 @@ def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
     document_bodies(app)
     # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and
     # takes the tenant its router names (for the prefix-cache partition)
-    keys = None if worker else KeyStore(config.data / "keys.sqlite")
+    keys = None if worker else key_store(gateway)
     asgi = Authenticate(
         app, api_key=config.api_key, keys=keys, limiter=gateway.limiter, trust_tenant_header=worker
     )
-    return Observe(asgi, gateway.metrics)
+    return Observe(tracing.middleware(asgi, worker=worker), gateway.metrics)

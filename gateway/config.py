@@ -37,6 +37,8 @@ class GatewayConfig:
     # /v1/embeddings takes token ids as input (OpenAI does); off: refused, since ids from another
     # model's vocabulary (LangChain sends tiktoken's by default) embed as nonsense
     embedding_token_ids: bool = True
+    # with --redis-url: a batch whose replica stopped renewing its lease (died) is taken over after this
+    batch_lease_s: float = 10.0
     max_running_batches: int = 4  # batches run side by side; one that keeps failing holds one slot, not all
     # lifetime of a Batch API file made without `expires_after` (0: until deleted, as OpenAI keeps them)
     file_ttl_days: int = 0
@@ -48,6 +50,9 @@ class GatewayConfig:
     # TLS on the OpenAI port (e.g. `ctxfuse certs server`'s server.pem and server.key); off when None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    # the state several replicas share (limits, keys, batches, chunks); None: this process and its
+    # local SQLite files (gateway/shared_state/redis_link.py)
+    redis_url: str | None = field(default=None, repr=False)
 
     @property
     def is_loopback(self) -> bool:

@@ -17,12 +17,11 @@ from types import FrameType
 import structlog
 import uvicorn
 
-from cloud.model.registry import cache_dir
 from gateway.app import create_app
 from gateway.backends.local import engine_gateway
 from gateway.backends.worker import WorkerEngine
 from gateway.config import GatewayConfig
-from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.stores import AnyChunkStore
 from gateway.seam import Backend
 from gateway.state import Gateway
 from shared import conn_limits
@@ -110,7 +109,7 @@ def build_server(
     backend: Backend,
     config: GatewayConfig,
     announce: bool = True,
-    chunk_store: ChunkStore | None = None,
+    chunk_store: AnyChunkStore | None = None,
     worker: WorkerEngine | None = None,
     exit_on_engine_death: bool = False,
 ) -> GatewayServer:
@@ -126,11 +125,6 @@ def server_for(
     """The OpenAI port's server over `gateway`, whatever its upstream."""
     app = create_app(gateway, worker=worker)
     return GatewayServer(uvicorn_config(app, gateway.config), gateway, announce, exit_on_engine_death)
-
-
-def open_chunk_store(config: GatewayConfig) -> ChunkStore:
-    path = config.chunk_store or cache_dir() / "chunks.sqlite"
-    return ChunkStore(path, int(config.chunk_store_mib * 2**20))
 
 
 def run_servers(server: GatewayServer) -> None:

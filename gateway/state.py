@@ -8,11 +8,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from gateway.access.limits import RateLimiter
+from gateway.access.limits import Limiter, RateLimiter
+from gateway.access.limits_redis import RedisLimiter
 from gateway.config import GatewayConfig
-from gateway.edge.chunk_store import ChunkStore
+from gateway.edge.stores import AnyChunkStore
 from gateway.errors import ServiceUnavailableError
 from gateway.ops.metrics import Metrics
+from gateway.shared_state.redis_link import RedisLink
 from gateway.upstream import Upstream
 from shared.errors import EngineDeadError
 
@@ -27,7 +29,7 @@ class Gateway:
         self,
         upstream: Upstream,
         config: GatewayConfig,
-        chunk_store: ChunkStore | None = None,
+        chunk_store: AnyChunkStore | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self.upstream = upstream
@@ -38,7 +40,10 @@ class Gateway:
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
         # the Batch API's runner, one per process: made by the first app built over this state
         self.batches: BatchRunner | None = None
-        self.limiter = RateLimiter()  # per-key requests, tokens and in-flight counts (access/auth.py)
+        # the state replicas share (`--redis-url`), else None: this process's own
+        self.redis: RedisLink | None = None if config.redis_url is None else RedisLink(config.redis_url)
+        # per-key requests, tokens and in-flight counts (access/auth.py)
+        self.limiter: Limiter = RateLimiter() if self.redis is None else RedisLimiter(self.redis)
         self.lifecycle_owned = False  # an app's lifespan starts and stops the upstream and the runner
 
     def not_ready_reason(self) -> str | None:

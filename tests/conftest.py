@@ -64,3 +64,18 @@ def vision_files():  # type: ignore[no-untyped-def]
     from edge.vision.model_files import ensure
 
     return ensure(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server_proc(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.redis_rig import redis_server
+
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture()
+def redis_url(redis_server_proc) -> str:  # type: ignore[no-untyped-def]
+    """An empty real Redis (one server per session, flushed before each test)."""
+    redis_server_proc.flush()
+    return str(redis_server_proc.url)

@@ -32,8 +32,8 @@ from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access.keys import KEY_PREFIX, ApiKey, KeyStore, check_tenant
-from gateway.access.limits import Limited, RateLimiter, SettleOnClose, Ticket
+from gateway.access.keys import KEY_PREFIX, ApiKey, Keys, check_tenant
+from gateway.access.limits import Limited, Limiter, SettleOnClose, Ticket
 from gateway.encoding import encode
 from gateway.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 from shared.errors import CtxfuseError
@@ -96,8 +96,8 @@ class Authenticate:
         app: ASGIApp,
         *,
         api_key: str | None,
-        keys: KeyStore | None,
-        limiter: RateLimiter,
+        keys: Keys | None,
+        limiter: Limiter,
         clock: Callable[[], float] = time.monotonic,
         trust_tenant_header: bool = False,
     ) -> None:
@@ -114,7 +114,11 @@ class Authenticate:
         if scope["type"] != "http" or _is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        principal = await self._principal(_bearer(scope))
+        try:
+            principal = await self._principal(_bearer(scope))
+        except CtxfuseError as exc:  # the shared key store cannot be reached: refused, never let in
+            await _refuse(send, exc, [])
+            return
         if principal is not None and principal.key is None and self._trust_tenant_header:
             principal = _forwarded_tenant(scope) or principal
         if principal is None:
@@ -126,10 +130,14 @@ class Authenticate:
         if key is None:
             await self.app(scope, receive, send)
             return
-        ticket = self.limiter.admit(key)
+        try:
+            ticket = await self.limiter.admit(key)
+        except CtxfuseError as exc:  # the shared limits cannot be reached: refused, never unlimited
+            await _refuse(send, exc, [])
+            return
         if isinstance(ticket, Limited):
             headers = [(b"retry-after", str(max(1, round(ticket.retry_after_s))).encode())]
-            await _refuse(send, RateLimitError(ticket.message), headers + self.limiter.headers(key))
+            await _refuse(send, RateLimitError(ticket.message), headers + await self.limiter.headers(key))
             return
         state["ticket"] = ticket
 
@@ -137,7 +145,7 @@ class Authenticate:
             if message["type"] == "http.response.start":
                 # counted as the answer starts: this request's tokens included (reserved, or used
                 # when its answer is whole)
-                extra = self.limiter.headers(key)
+                extra = await self.limiter.headers(key, ticket)
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
@@ -233,22 +241,22 @@ async def _refuse(send: Send, err: CtxfuseError, headers: list[tuple[bytes, byte
     await send({"type": "http.response.body", "body": encode(err.to_openai()), "more_body": False})
 
 
-def reserve_tokens(state: Any, limiter: RateLimiter, tokens: int) -> Ticket | None:
+async def reserve_tokens(state: Any, limiter: Limiter, tokens: int) -> Ticket | None:
     """Reserve a dispatched request's most tokens against its key's tokens per minute; raises 429
     when they do not fit. The ticket to settle at the end (None: nothing reserved)."""
     principal, ticket = principal_of(state), getattr(state, "ticket", None)
     if principal.key is None or not isinstance(ticket, Ticket):
         return None
-    refused = limiter.reserve(principal.key, ticket, tokens)
+    refused = await limiter.reserve(principal.key, ticket, tokens)
     if refused is not None:
         raise RateLimitError(refused.message, retry_after_s=refused.retry_after_s)
     return ticket
 
 
-def reserve_settled(
-    state: Any, limiter: RateLimiter, prompt_tokens: int, most_tokens: int
+async def reserve_settled(
+    state: Any, limiter: Limiter, prompt_tokens: int, most_tokens: int
 ) -> SettleOnClose | None:
     """Reserve a request's most tokens (429 when they do not fit); what settles the reservation to
     the real count (prompt + generated) when its generations close. None: the key has no limits."""
-    ticket = reserve_tokens(state, limiter, most_tokens)
+    ticket = await reserve_tokens(state, limiter, most_tokens)
     return None if ticket is None else SettleOnClose(limiter, ticket, prompt_tokens)

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.sqlite_store import open_db
@@ -117,14 +118,8 @@ class KeyStore:
         now: float | None = None,
     ) -> tuple[ApiKey, str]:
         """A new key of `tenant`: its record and the secret key (shown once; only its hash is kept)."""
-        limits = limits or KeyLimits()
-        created = time.time() if now is None else now
-        if expires_at is not None and expires_at <= created:
-            raise InvalidRequestError("the expiry must be in the future", param="expires_at")
-        key_id = secrets.token_hex(6)
-        secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
-        key = f"{KEY_PREFIX}{key_id}_{secret}"
-        record = ApiKey(key_id, check_tenant(tenant), name, created, expires_at, None, limits)
+        record, key = new_key(tenant, limits, name=name, expires_at=expires_at, now=now)
+        limits, key_id, tenant, created = record.limits, record.id, record.tenant, record.created_at
         with self._lock:
             self._db.execute(
                 "INSERT INTO keys (id, hash, tenant, name, created_at, expires_at, models, rpm, tpm, "
@@ -188,13 +183,64 @@ class KeyStore:
         return self.get(key_id)
 
     def rotate(self, key_id: str, now: float | None = None) -> tuple[ApiKey, str]:
-        """A new key with the old one's tenant, name, expiry and limits; the old one is revoked."""
-        old = self.get(key_id)
-        if old.revoked_at is not None:
-            raise InvalidRequestError(f"key {key_id!r} is revoked; create a new one", param="key_id")
-        new = self.create(old.tenant, old.limits, name=old.name, expires_at=old.expires_at, now=now)
-        self.revoke(key_id, now)
-        return new
+        return rotate(self, key_id, now)
+
+
+class Keys(Protocol):
+    """A store of tenants' keys: this SQLite one, or access/keys_redis.py's (several replicas)."""
+
+    def create(
+        self,
+        tenant: str,
+        limits: KeyLimits | None = None,
+        *,
+        name: str = "",
+        expires_at: float | None = None,
+        now: float | None = None,
+    ) -> tuple[ApiKey, str]: ...
+
+    def lookup(self, key: str, now: float | None = None) -> ApiKey | None: ...
+
+    def get(self, key_id: str) -> ApiKey: ...
+
+    def has_keys(self) -> bool: ...
+
+    def list(self, tenant: str | None = None) -> list[ApiKey]: ...
+
+    def revoke(self, key_id: str, now: float | None = None) -> ApiKey: ...
+
+    def rotate(self, key_id: str, now: float | None = None) -> tuple[ApiKey, str]: ...
+
+    def close(self) -> None: ...
+
+
+def new_key(
+    tenant: str,
+    limits: KeyLimits | None = None,
+    *,
+    name: str = "",
+    expires_at: float | None = None,
+    now: float | None = None,
+) -> tuple[ApiKey, str]:
+    """A new key's record and its secret (`cfk_<id>_<secret>`), not yet stored."""
+    limits = limits or KeyLimits()
+    created = time.time() if now is None else now
+    if expires_at is not None and expires_at <= created:
+        raise InvalidRequestError("the expiry must be in the future", param="expires_at")
+    key_id = secrets.token_hex(6)
+    secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+    record = ApiKey(key_id, check_tenant(tenant), name, created, expires_at, None, limits)
+    return record, f"{KEY_PREFIX}{key_id}_{secret}"
+
+
+def rotate(store: Keys, key_id: str, now: float | None = None) -> tuple[ApiKey, str]:
+    """A new key with the old one's tenant, name, expiry and limits; the old one is revoked."""
+    old = store.get(key_id)
+    if old.revoked_at is not None:
+        raise InvalidRequestError(f"key {key_id!r} is revoked; create a new one", param="key_id")
+    new = store.create(old.tenant, old.limits, name=old.name, expires_at=old.expires_at, now=now)
+    store.revoke(key_id, now)
+    return new
 
 
 _COLUMNS = "id, tenant, name, created_at, expires_at, revoked_at, models, rpm, tpm, max_concurrent"

@@ -7,8 +7,10 @@ when it ends, so a burst cannot overrun the minute by asking for more than it th
 short answer gives its unused reservation back. A refusal says which limit and when a retry can
 pass (`Retry-After`); every answer carries OpenAI's `x-ratelimit-*` headers for its key.
 
-All state lives on the event loop's thread (no locks): admit, reserve, settle and release are called
-from request handlers and middleware only.
+Two implementations of one `Limiter`: `RateLimiter` here keeps the windows in this process (one
+replica; all state on the event loop's thread, no locks), and access/limits_redis.py keeps them in
+Redis for every replica (`--redis-url`). Admission, reservation and the headers are awaited (Redis
+answers them); settling and releasing are not (they change nothing the answer depends on).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from gateway.access.keys import ApiKey
+from gateway.access.keys import ApiKey, KeyLimits
 from gateway.seam import Generation
 from shared.engine_types import RequestOutput
 
@@ -33,6 +36,24 @@ class Limited:
     limit: str  # "requests" | "tokens" | "concurrency"
     message: str
     retry_after_s: float
+
+    @staticmethod
+    def too_many_tokens(tokens: int, tpm: int) -> Limited:
+        """A request that could not fit in the key's minute even alone."""
+        return Limited(
+            "tokens",
+            f"the request may use {tokens} tokens (prompt + max_tokens), more than this key's "
+            f"{tpm} tokens per minute; lower max_tokens or shorten the prompt",
+            WINDOW_S,
+        )
+
+
+def concurrency_refusal(max_concurrent: int) -> Limited:
+    return Limited(
+        "concurrency",
+        f"this key may have {max_concurrent} requests in flight; wait for one to finish",
+        1.0,
+    )
 
 
 @dataclass(slots=True)
@@ -63,8 +84,28 @@ class Ticket:
     """One admitted request: released once (its in-flight slot), its tokens settled once."""
 
     key_id: str
-    spend: _Spend | None = None  # its reservation, until settled
+    spend: _Spend | None = None  # its reservation, until settled (this process's limiter)
     released: bool = False
+    token: str = ""  # names it in Redis (limits_redis.py)
+    reserved: bool = False  # it holds a reservation in Redis, until settled
+    used: int | None = None  # settled while still running: sent to Redis with the release
+    # (requests, seconds to reset, tokens, seconds to reset) as Redis last answered for it
+    window: tuple[int, float, int, float] | None = None
+
+
+class Limiter(Protocol):
+    """Per-key limits: admit a request (requests per minute, in flight), reserve its most tokens,
+    settle them to what it used, release its slot; and the x-ratelimit-* headers of a key."""
+
+    async def admit(self, key: ApiKey) -> Ticket | Limited: ...
+
+    async def reserve(self, key: ApiKey, ticket: Ticket, tokens: int) -> Limited | None: ...
+
+    def settle(self, ticket: Ticket, used: int) -> None: ...
+
+    def release(self, ticket: Ticket) -> None: ...
+
+    async def headers(self, key: ApiKey, ticket: Ticket | None = None) -> list[tuple[bytes, bytes]]: ...
 
 
 class RateLimiter:
@@ -77,16 +118,12 @@ class RateLimiter:
         usage.expire(self._clock())
         return usage
 
-    def admit(self, key: ApiKey) -> Ticket | Limited:
+    async def admit(self, key: ApiKey) -> Ticket | Limited:
         """Count a new request against the key's requests per minute and in-flight limits."""
         now = self._clock()
         usage, lim = self._of(key), key.limits
         if lim.max_concurrent is not None and usage.in_flight >= lim.max_concurrent:
-            return Limited(
-                "concurrency",
-                f"this key may have {lim.max_concurrent} requests in flight; wait for one to finish",
-                1.0,
-            )
+            return concurrency_refusal(lim.max_concurrent)
         if lim.rpm is not None and len(usage.requests) >= lim.rpm:
             wait = usage.requests[0] + WINDOW_S - now
             return Limited("requests", f"rate limit of {lim.rpm} requests per minute reached", wait)
@@ -94,18 +131,13 @@ class RateLimiter:
         usage.in_flight += 1
         return Ticket(key.id)
 
-    def reserve(self, key: ApiKey, ticket: Ticket, tokens: int) -> Limited | None:
+    async def reserve(self, key: ApiKey, ticket: Ticket, tokens: int) -> Limited | None:
         """Reserve a request's most tokens (prompt + max_tokens) against tokens per minute."""
         tpm = key.limits.tpm
         if tpm is None:
             return None
         if tokens > tpm:
-            return Limited(
-                "tokens",
-                f"the request may use {tokens} tokens (prompt + max_tokens), more than this key's "
-                f"{tpm} tokens per minute; lower max_tokens or shorten the prompt",
-                WINDOW_S,
-            )
+            return Limited.too_many_tokens(tokens, tpm)
         now = self._clock()
         usage = self._of(key)
         if usage.token_sum + tokens > tpm:
@@ -140,18 +172,26 @@ class RateLimiter:
         if usage is not None:
             usage.in_flight -= 1
 
-    def headers(self, key: ApiKey) -> list[tuple[bytes, bytes]]:
+    async def headers(self, key: ApiKey, ticket: Ticket | None = None) -> list[tuple[bytes, bytes]]:
         """OpenAI's x-ratelimit-* headers for the key's limits (none for an unlimited key)."""
         now = self._clock()
-        usage, lim = self._of(key), key.limits
-        out: list[tuple[bytes, bytes]] = []
-        if lim.rpm is not None:
-            reset = usage.requests[0] + WINDOW_S - now if usage.requests else 0.0
-            out += _triple("requests", lim.rpm, lim.rpm - len(usage.requests), reset)
-        if lim.tpm is not None:
-            reset = usage.tokens[0].at + WINDOW_S - now if usage.tokens else 0.0
-            out += _triple("tokens", lim.tpm, lim.tpm - usage.token_sum, reset)
-        return out
+        usage = self._of(key)
+        req_reset = usage.requests[0] + WINDOW_S - now if usage.requests else 0.0
+        tok_reset = usage.tokens[0].at + WINDOW_S - now if usage.tokens else 0.0
+        return rate_headers(key.limits, len(usage.requests), req_reset, usage.token_sum, tok_reset)
+
+
+def rate_headers(
+    lim: KeyLimits, requests: int, requests_reset_s: float, tokens: int, tokens_reset_s: float
+) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers from a key's window: requests and tokens in it, and seconds
+    until the oldest of each leaves it."""
+    out: list[tuple[bytes, bytes]] = []
+    if lim.rpm is not None:
+        out += _triple("requests", lim.rpm, lim.rpm - requests, requests_reset_s)
+    if lim.tpm is not None:
+        out += _triple("tokens", lim.tpm, lim.tpm - tokens, tokens_reset_s)
+    return out
 
 
 def _tokens_free_in(usage: _Usage, room: int, now: float) -> float:
@@ -180,7 +220,7 @@ class SettleOnClose:
     key's reservation is settled to prompt + those tokens once every one of them is closed (every
     route closes its generations when the response ends, streamed or not)."""
 
-    def __init__(self, limiter: RateLimiter, ticket: Ticket, prompt_tokens: int) -> None:
+    def __init__(self, limiter: Limiter, ticket: Ticket, prompt_tokens: int) -> None:
         self._limiter = limiter
         self._ticket = ticket
         self._used = prompt_tokens

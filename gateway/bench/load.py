@@ -20,7 +20,7 @@ from shared.errors import CtxfuseError
 _SCRIPT = """\
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = [==[{body}]==]
+{headers}wrk.body = [==[{body}]==]
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("CTXFUSE_RESULT %d %d %d %d %d %d\\n",
@@ -58,10 +58,13 @@ def wrk_path() -> str:
     return path
 
 
-def run_wrk(url: str, body: str, connections: int, duration_s: float) -> LoadResult:
+def run_wrk(
+    url: str, body: str, connections: int, duration_s: float, headers: dict[str, str] | None = None
+) -> LoadResult:
+    extra = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
-        script.write_text(_SCRIPT.format(body=body))
+        script.write_text(_SCRIPT.format(body=body, headers=extra))
         # one wrk thread: on a small machine the other core belongs to the server under test
         cmd = [wrk_path(), "-t1", f"-c{connections}", f"-d{duration_s:g}s", "-s", str(script), url]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

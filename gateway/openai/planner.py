@@ -115,12 +115,12 @@ class Planner:
     ) -> ChatAnswer:
         plan = await chat.prepare(req, backend, self.images)
         prompt = len(plan.prompt_ids)
-        settle = reserve_settled(
+        settle = await reserve_settled(
             request.state, gw.limiter, prompt, prompt + plan.params.n * plan.params.max_tokens
         )
         plan.params.cache_salt = self.cache_salt(principal_of(request.state).cache_salt)
         rid = request_id()
-        meter = gw.metrics.meter(arrival)
+        meter = gw.metrics.meter(arrival, principal_of(request.state).tenant)
         gen = await _taken(settle, chat.submit(backend, plan, rid))
         if settle is not None:
             gen = settle.wrap(gen)
@@ -143,10 +143,10 @@ class Planner:
         plan = await completions.prepare(req, backend)
         prompt = sum(len(p) for p in plan.prompts)
         most = prompt + len(plan.prompts) * plan.params.n * plan.params.max_tokens
-        settle = reserve_settled(request.state, gw.limiter, prompt, most)
+        settle = await reserve_settled(request.state, gw.limiter, prompt, most)
         plan.params.cache_salt = self.cache_salt(principal_of(request.state).cache_salt)
         rid = request_id()
-        meter = gw.metrics.meter(arrival)
+        meter = gw.metrics.meter(arrival, principal_of(request.state).tenant)
         gens = await _taken(settle, completions.submit_all(backend, plan, rid))
         if settle is not None:
             gens = [settle.wrap(g) for g in gens]
@@ -172,7 +172,7 @@ class Planner:
     ) -> Answered:
         inputs = await embeddings.prepare(req, backend, self.embedding_token_ids)
         # the exact count is known: what is reserved is what is used, unless the work never ran
-        ticket = reserve_tokens(request.state, gw.limiter, sum(len(ids) for ids in inputs))
+        ticket = await reserve_tokens(request.state, gw.limiter, sum(len(ids) for ids in inputs))
         try:
             body = await cancel_on_disconnect(
                 request.receive, embeddings.embed(req, backend, inputs, request_id())
@@ -262,7 +262,7 @@ class Planner:
         refuse_stream(req.stream)
         plan = await chat.prepare(req, backend, self.images)
         plan.params.cache_salt = self._owner_salt(owner)
-        meter = gw.metrics.meter(time.monotonic())
+        meter = gw.metrics.meter(time.monotonic(), owner)
         gen = await chat.submit(backend, plan, rid, priority)
         reply = self._reply("chatcmpl", rid, backend)
         return encode(await chat.whole_response(gen, plan, reply, meter, backend))  # it closes `gen`
@@ -282,7 +282,7 @@ class Planner:
         refuse_stream(req.stream)
         plan = await completions.prepare(req, backend)
         plan.params.cache_salt = self._owner_salt(owner)
-        meter = gw.metrics.meter(time.monotonic())
+        meter = gw.metrics.meter(time.monotonic(), owner)
         gens = await completions.submit_all(backend, plan, rid, priority)
         reply = self._reply("cmpl", rid, backend)
         return encode(await completions.whole_response(gens, plan, reply, meter, backend.tokenizer))

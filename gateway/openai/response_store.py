@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from litestar import Litestar
@@ -21,6 +22,9 @@ from litestar.datastructures import State
 
 from shared.responses_protocol import Item, Response
 from shared.sqlite_store import open_db
+
+if TYPE_CHECKING:
+    from gateway.shared_state.redis_link import RedisLink
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -76,12 +80,7 @@ class ResponseStore:
     def get(self, tenant: str, response_id: str) -> Stored | NotStored | None:
         """The tenant's response `response_id` (None: none of its responses has that id)."""
         row = self._row(tenant, response_id)
-        if row is None:
-            return None
-        stored, response, items = row
-        if not stored or response is None or items is None:
-            return NotStored()
-        return Stored(_response.decode(response), _items.decode(items))
+        return None if row is None else decode_stored(*row)
 
     def response_json(self, tenant: str, response_id: str) -> bytes | None:
         """The stored response object as it was sent (None: not the tenant's, or not stored)."""
@@ -100,15 +99,41 @@ class ResponseStore:
             self._db.close()
 
 
+def decode_stored(stored: int, response: bytes | None, items: bytes | None) -> Stored | NotStored:
+    if not stored or response is None or items is None:
+        return NotStored()
+    return Stored(_response.decode(response), _items.decode(items))
+
+
+class Responses(Protocol):
+    """Where stored responses live: this SQLite store, or response_store_redis.py's (replicas)."""
+
+    def put(self, tenant: str, response: Response, input_items: list[Item]) -> None: ...
+
+    def get(self, tenant: str, response_id: str) -> Stored | NotStored | None: ...
+
+    def response_json(self, tenant: str, response_id: str) -> bytes | None: ...
+
+    def delete(self, tenant: str, response_id: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 _open_lock = threading.Lock()
 
 
-def store_at(state: State, path: Path) -> ResponseStore:
-    """The one store of an app (`state`: its Litestar state), opened on first use."""
+def store_at(state: State, path: Path, redis: RedisLink | None = None) -> Responses:
+    """The one store of an app (`state`: its Litestar state), opened on first use: in the Redis the
+    replicas share when there is one, else in the SQLite file at `path`."""
     with _open_lock:
         store = state.get("responses")
-        if not isinstance(store, ResponseStore):
-            store = state["responses"] = ResponseStore(path)
+        if store is None:
+            if redis is not None:
+                from gateway.openai.response_store_redis import RedisResponseStore
+
+                store = state["responses"] = RedisResponseStore(redis)
+            else:
+                store = state["responses"] = ResponseStore(path)
         return store
 
 
@@ -117,6 +142,6 @@ def close_store(app: Litestar) -> None:
     otherwise live until the process ends, holding the file's WAL open in tests and embedders)."""
     with _open_lock:
         store = app.state.get("responses")
-        if isinstance(store, ResponseStore):
+        if store is not None:
             del app.state["responses"]
             store.close()

@@ -24,7 +24,7 @@ from litestar.response import Stream
 from gateway.access.auth import principal_of
 from gateway.encoding import encode
 from gateway.openai.decode import decode_body
-from gateway.openai.response_store import NotStored, ResponseStore, store_at
+from gateway.openai.response_store import NotStored, Responses, store_at
 from gateway.openai.responses_convert import (
     Draft,
     chat_body,
@@ -51,13 +51,13 @@ AnyRequest = Request[Any, Any, Any]
 _JSON = "application/json"
 
 
-async def _store(request: AnyRequest) -> ResponseStore:
+async def _store(request: AnyRequest) -> Responses:
     """The app's store; the first call opens it on a worker thread (SQLite never runs on the loop)."""
     store = request.app.state.get("responses")
-    if isinstance(store, ResponseStore):
+    if store is not None:
         return store
-    path = gateway_of(request).config.data / "responses.sqlite"
-    return await asyncio.to_thread(store_at, request.app.state, path)
+    gw = gateway_of(request)
+    return await asyncio.to_thread(store_at, request.app.state, gw.config.data / "responses.sqlite", gw.redis)
 
 
 def _tenant(request: AnyRequest) -> str:

@@ -87,6 +87,16 @@ class Metrics:
         self.http_requests = Counter(
             "ctxfuse_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
+        # per tenant (a key's, or a device's): what each is using, for quotas and dashboards
+        self.tenant_requests = Counter(
+            "ctxfuse_tenant_requests", "API requests by tenant and status", ["tenant", "status"], registry=r
+        )
+        self.tenant_tokens = Counter(
+            "ctxfuse_tenant_tokens",
+            "Tokens by tenant: prompt (processed) or generation",
+            ["tenant", "kind"],
+            registry=r,
+        )
         self.edge_bytes = Counter(
             "ctxfuse_edge_received_bytes",
             "Request bytes received on the edge link, by device",
@@ -98,16 +108,18 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def meter(self, arrival: float) -> RequestMeter:
-        return RequestMeter(self, arrival)
+    def meter(self, arrival: float, tenant: str) -> RequestMeter:
+        return RequestMeter(self, arrival, tenant)
 
 
 class RequestMeter:
     """Latency and token counts of one request, fed with each output as the route consumes it."""
 
-    def __init__(self, metrics: Metrics, arrival: float) -> None:
+    def __init__(self, metrics: Metrics, arrival: float, tenant: str) -> None:
         self._m = metrics
         self.arrival = arrival
+        self._prompt_tokens = metrics.tenant_tokens.labels(tenant=tenant, kind="prompt")
+        self._generation_tokens = metrics.tenant_tokens.labels(tenant=tenant, kind="generation")
         self.first_token: float | None = None
         self._last: dict[int, float] = {}  # per choice: when its previous token came
         self._prompted: set[int] = set()  # prompt indices whose prompt tokens are counted
@@ -124,9 +136,11 @@ class RequestMeter:
         if prompt_index not in self._prompted:
             self._prompted.add(prompt_index)
             self._m.prompt_tokens.inc(out.num_prompt_tokens)
+            self._prompt_tokens.inc(out.num_prompt_tokens)
         key = prompt_index * 1024 + out.index
         last = self._last.get(key)
         if last is not None:
             self._m.itl.observe((now - last) / len(out.token_ids))
         self._last[key] = now
         self._m.generation_tokens.inc(len(out.token_ids))
+        self._generation_tokens.inc(len(out.token_ids))

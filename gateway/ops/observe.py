@@ -66,6 +66,9 @@ class Observe:
             code = str(status or 499)
             route = scope.get("path_template") or "unmatched"
             self.metrics.http_requests.labels(route=route, status=code).inc()
+            principal = scope.get("state", {}).get("principal")  # set by authentication (access/auth.py)
+            if principal is not None:
+                self.metrics.tenant_requests.labels(tenant=principal.tenant, status=code).inc()
             if route not in _QUIET_ROUTES or status >= 400:
                 log.info(
                     "request",

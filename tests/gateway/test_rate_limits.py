@@ -3,6 +3,8 @@ was used wherever they sit in the window, and one that has left the window never
 
 from __future__ import annotations
 
+from asyncio import run
+
 from gateway.access.keys import ApiKey, KeyLimits
 from gateway.access.limits import WINDOW_S, Limited, RateLimiter, Ticket
 
@@ -20,14 +22,14 @@ def _key(tpm: int) -> ApiKey:
 
 
 def _remaining(limiter: RateLimiter, key: ApiKey) -> int:
-    headers = dict(limiter.headers(key))
+    headers = dict(run(limiter.headers(key)))
     return int(headers[b"x-ratelimit-remaining-tokens"])
 
 
 def _reserved(limiter: RateLimiter, key: ApiKey, tokens: int) -> Ticket:
-    ticket = limiter.admit(key)
+    ticket = run(limiter.admit(key))
     assert isinstance(ticket, Ticket)
-    assert limiter.reserve(key, ticket, tokens) is None
+    assert run(limiter.reserve(key, ticket, tokens)) is None
     return ticket
 
 
@@ -63,8 +65,8 @@ def test_a_refusal_says_when_enough_of_the_window_frees() -> None:
     _reserved(limiter, key, 600)
     clock.now += 20
     _reserved(limiter, key, 300)
-    ticket = limiter.admit(key)
+    ticket = run(limiter.admit(key))
     assert isinstance(ticket, Ticket)
-    refused = limiter.reserve(key, ticket, 500)  # fits once the first reservation (600) expires
+    refused = run(limiter.reserve(key, ticket, 500))  # fits once the first reservation (600) expires
     assert isinstance(refused, Limited) and refused.limit == "tokens"
     assert refused.retry_after_s == WINDOW_S - 20

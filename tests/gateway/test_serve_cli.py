@@ -158,3 +158,13 @@ def test_sigterm_lets_a_running_stream_finish_then_exits(serve_process: subproce
     assert serve_process.wait(30) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base_url}/models", timeout=5)
+
+
+def test_serve_refuses_a_local_chunk_store_beside_redis(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from ctxfuse.cli import main
+
+    args = ["serve", "--redis-url", "redis://127.0.0.1:1/0", "--chunk-store", str(tmp_path / "c.sqlite")]
+    assert main(args) == 2
+    assert "with --redis-url the edge link's chunks live in Redis" in capsys.readouterr().err

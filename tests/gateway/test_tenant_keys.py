@@ -244,3 +244,28 @@ def test_a_batch_runs_in_its_owners_cache_partition(keyed: tuple[Running, KeySto
 
     assert cached(bob) == 0  # the batch's blocks are alice's
     assert cached(alice) > 100
+
+
+def test_metrics_count_each_tenants_requests_and_tokens(keyed: tuple[Running, KeyStore]) -> None:
+    running, keys = keyed
+    _, acme = keys.create("acme")
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key=acme, max_retries=0, timeout=60)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
+    )
+    assert reply.usage is not None
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=f"{running.url}/v1", api_key="cfk_000000000000_nope", max_retries=0
+        ).models.list()
+    lines = httpx.get(f"{running.url}/metrics", timeout=30).text.splitlines()
+
+    def value(prefix: str) -> float:
+        return sum(float(x.split()[-1]) for x in lines if x.startswith(prefix))
+
+    assert value('ctxfuse_tenant_requests_total{status="200",tenant="acme"}') == 1
+    assert value('ctxfuse_tenant_tokens_total{kind="prompt",tenant="acme"}') == reply.usage.prompt_tokens
+    assert (
+        value('ctxfuse_tenant_tokens_total{kind="generation",tenant="acme"}') == reply.usage.completion_tokens
+    )
+    assert value('ctxfuse_tenant_requests_total{status="401"') == 0  # no principal: no tenant to count

@@ -204,6 +204,16 @@ class CanaryController:
             self._rolled_back[version] = rollback
         return rollback
 
+    def adopt(self, rollback: Rollback) -> bool:
+        """A rollback another replica decided (gateway/backends/fleet/shared.py): applied here too,
+        once. False: this controller has no such canary, or already rolled it back."""
+        version = rollback.version
+        if version not in self._weights or version == self.stable or version in self._rolled_back:
+            return False
+        self._weights[version] = 0.0
+        self._rolled_back[version] = rollback
+        return True
+
     def state(self, version: str) -> VersionState:
         self._window(version)
         if version == self.stable:

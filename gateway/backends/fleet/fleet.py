@@ -4,7 +4,8 @@ the HTTP client they are reached with, and the metrics. Routes and the health ta
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, replace
 
 import httpx
 import structlog
@@ -15,10 +16,12 @@ from gateway.backends.fleet.backend import FleetBackend
 from gateway.backends.fleet.backend_auth import BackendAuth
 from gateway.backends.fleet.canary import CanaryController, Rollback
 from gateway.backends.fleet.circuit import CircuitBreaker, CircuitState, OnChange
-from gateway.backends.fleet.config import FleetConfig
+from gateway.backends.fleet.config import BackendSpec, FleetConfig
+from gateway.backends.fleet.discovery import Resolver
 from gateway.backends.fleet.index import PrefixIndex
 from gateway.backends.fleet.keys import KeyMaker, RequestKeys, prompt_text
 from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
+from gateway.backends.fleet.shared import FleetSync
 from gateway.errors import ServiceUnavailableError
 from shared.fleet_protocol import TextSide
 from shared.keep_alive import ROUTER_KEEP_ALIVE_S
@@ -44,26 +47,23 @@ class Fleet:
         template: ChatTemplate | None,
         metrics: FleetMetrics,
         rng: random.Random | None = None,
+        resolver: Resolver = socket.getaddrinfo,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self.rng = rng or random.Random()
+        self.resolver = resolver  # how [discovery] resolves its name (discovery.py)
         # the model's text side, to name prompt blocks: given (--model), or None until the first
         # ctxfuse worker's health check sends its own (health.py); until then prompts key by text
         self.keys = KeyMaker(tokenizer, template) if tokenizer is not None and template is not None else None
         self.text_side: WorkerText | None = None  # a worker's: the model behind the seam (engine.py)
         self.index = PrefixIndex(config.index_blocks)
         self.canary = CanaryController(config.version_weights, config.canary, stable=config.stable_version)
-        self.backends = [
-            FleetBackend(
-                spec,
-                CircuitBreaker(
-                    config.failures_to_open, config.cooldown_s, on_change=self._circuit_logger(spec.name)
-                ),
-                kind=None if spec.kind == "auto" else spec.kind,
-            )
-            for spec in config.backends
-        ]
+        # what the other router replicas are told, and hear (`--redis-url`; fleet/shared.py); None: alone
+        self.sync: FleetSync | None = None
+        # replaced whole, never changed in place, when discovery adds or drops one: a loop over the
+        # list it read goes on over that list
+        self.backends = [self._backend(spec) for spec in config.backends]
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=config.connect_timeout_s)
         # trust_env off: backends are addressed as configured, never through a proxy from the environment
         self.client = httpx.AsyncClient(
@@ -74,6 +74,40 @@ class Fleet:
         )
         for version in self.canary.versions:
             self._export_version(version)
+
+    def _backend(self, spec: BackendSpec) -> FleetBackend:
+        breaker = CircuitBreaker(
+            self.config.failures_to_open, self.config.cooldown_s, on_change=self._circuit_logger(spec.name)
+        )
+        return FleetBackend(spec, breaker, kind=None if spec.kind == "auto" else spec.kind)
+
+    def add_backend(self, spec: BackendSpec) -> FleetBackend:
+        """A backend found at run time (discovery.py). It takes no request before a health check
+        has reached it; the router presents it the fleet's backend key."""
+        if spec.version not in self.canary.versions:
+            raise ValueError(f"backend {spec.name}: version {spec.version!r} is not one the fleet routes")
+        if any(b.name == spec.name or b.url == spec.url for b in self.backends):
+            raise ValueError(f"backend {spec.name} ({spec.url}) is already in the fleet")
+        backend = self._backend(spec)
+        backend.reachable = False
+        self._set_backends([*self.backends, backend])
+        return backend
+
+    def drop_backend(self, name: str) -> FleetBackend | None:
+        """Route nothing more to `name` and forget what it held; requests already there finish.
+        None: no such backend."""
+        gone = next((b for b in self.backends if b.name == name), None)
+        if gone is None:
+            return None
+        self._set_backends([b for b in self.backends if b is not gone])
+        self.index.forget(name)
+        self.metrics.index_keys.set(len(self.index))
+        self.metrics.circuit.remove(name)  # a gone backend's last state is no alert
+        return gone
+
+    def _set_backends(self, backends: list[FleetBackend]) -> None:
+        self.backends = backends
+        self.client.auth = BackendAuth(replace(self.config, backends=tuple(b.spec for b in backends)))
 
     def _circuit_logger(self, name: str) -> OnChange:
         def changed(old: CircuitState, new: CircuitState) -> None:
@@ -101,6 +135,13 @@ class Fleet:
             "canary_rolled_back", version=rollback.version, reason=rollback.describe(self.canary.policy)
         )
         self.metrics.rollbacks.labels(version=rollback.version).inc()
+        self._export_version(rollback.version)
+        if self.sync is not None:
+            self.sync.rolled_back(rollback)
+
+    def adopted_rollback(self, rollback: Rollback) -> None:
+        """Another replica rolled a canary back (or did before this one started): so does this one."""
+        log.error("canary_rolled_back", version=rollback.version, by="another replica")
         self._export_version(rollback.version)
 
     def adopt_text_side(
@@ -163,6 +204,8 @@ class Fleet:
         )
         self.index.add(backend.name, chain)
         self.metrics.index_keys.set(len(self.index))
+        if self.sync is not None:
+            self.sync.remembered(backend.name, chain)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -17,11 +17,13 @@ from cloud.model.tokenizer import Tokenizer
 from gateway.backends.fleet.config import FleetConfig
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.metrics import FleetMetrics
+from gateway.backends.fleet.shared import FleetSync
 from gateway.backends.fleet.upstream import FleetUpstream
 from gateway.config import GatewayConfig
+from gateway.edge.stores import open_chunk_store
 from gateway.ops.logs import configure_logging
 from gateway.ops.metrics import Metrics
-from gateway.server import GatewayServer, open_chunk_store, run_servers, server_for
+from gateway.server import GatewayServer, run_servers, server_for
 from gateway.state import Gateway
 
 
@@ -40,15 +42,19 @@ def fleet_gateway(
     model's."""
     tokenizer: Tokenizer | None = None
     template: ChatTemplate | None = None
-    if model is not None or all(b.kind == "openai" for b in fleet_config.backends):
+    if model is not None or fleet_config.all_openai:
         tokenizer, template = load_text_side(model)
         if chat_template is not None:
             template = template.replaced(chat_template, "--chat-template")
     fleet_config = replace(fleet_config, share_prefix_cache=config.share_prefix_cache)
     metrics = Metrics(lambda: None)
     fleet = Fleet(fleet_config, tokenizer, template, FleetMetrics(metrics.registry), rng)
-    store = open_chunk_store(config) if with_chunk_store else None
-    return Gateway(FleetUpstream(fleet, config), config, store, metrics), fleet
+    gateway = Gateway(FleetUpstream(fleet, config), config, metrics=metrics)
+    if with_chunk_store:  # in the shared Redis with --redis-url, else a local file
+        gateway.chunk_store = open_chunk_store(config, gateway.redis)
+    if gateway.redis is not None:  # replicas tell one another what they route and roll back
+        fleet.sync = FleetSync(fleet, gateway.redis)
+    return gateway, fleet
 
 
 def build_fleet_server(
@@ -74,6 +80,9 @@ def serve_fleet(
 ) -> int:
     configure_logging(config.log_level)
     names = ", ".join(f"{b.name}={b.url} ({b.version})" for b in fleet_config.backends)
+    if fleet_config.discovery is not None:
+        d = fleet_config.discovery
+        names = ", ".join(x for x in (names, f"workers found at {d.dns}:{d.port}") if x)
     print(f"ctxfuse: routing ({fleet_config.policy}) to {names}", file=sys.stderr, flush=True)
     server, _ = build_fleet_server(fleet_config, config, model, announce=True, chat_template=chat_template)
     try:

@@ -102,11 +102,15 @@ class FleetUpstream:
         fleet = self.fleet
         await check_all(fleet)  # kinds, and the text side where a worker sends it, known before serving
         self._checks = asyncio.get_running_loop().create_task(run_checks(fleet), name="fleet-health")
+        if fleet.sync is not None:
+            fleet.sync.start()
 
     async def stop(self) -> None:
         if self._checks is not None:
             self._checks.cancel()
             await asyncio.gather(self._checks, return_exceptions=True)
+        if self.fleet.sync is not None:
+            await self.fleet.sync.stop()
         await self.fleet.close()
         await self.planner.close()
 
@@ -144,7 +148,7 @@ class FleetUpstream:
         keys, prompt = await asyncio.to_thread(fleet.request_keys, req, tpm is not None)
         settle = None
         if tpm is not None:
-            ticket = reserve_tokens(
+            ticket = await reserve_tokens(
                 request.state, gw.limiter, most_tokens(req, prompt, fleet.max_model_len(), tpm)
             )
             if ticket is not None:
@@ -173,7 +177,7 @@ class FleetUpstream:
         tpm = principal.key.limits.tpm if principal.key is not None else None
         settle = None
         if tpm is not None:
-            ticket = reserve_tokens(request.state, gw.limiter, min(len(raw), tpm))
+            ticket = await reserve_tokens(request.state, gw.limiter, min(len(raw), tpm))
             settle = None if ticket is None else Settle(gw.limiter, ticket)
         out = Outgoing(
             EMBEDDINGS_PATH, raw, RequestKeys([], ""), request.headers.get(VERSION_HEADER), None, req.model

@@ -20,7 +20,7 @@ from typing import Any, cast
 import msgspec
 from litestar.response import Stream
 
-from gateway.access.limits import RateLimiter, Ticket
+from gateway.access.limits import Limiter, Ticket
 from gateway.upstream import Answered
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -83,7 +83,7 @@ def _reported(data: bytes) -> _Reported | None:
 class Settle:
     """One request's reservation, settled once from what its answer reports."""
 
-    def __init__(self, limiter: RateLimiter, ticket: Ticket) -> None:
+    def __init__(self, limiter: Limiter, ticket: Ticket) -> None:
         self._limiter = limiter
         self._ticket = ticket
 
