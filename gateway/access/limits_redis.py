@@ -21,19 +21,14 @@ Unreachable Redis: admission and reservation raise SharedStateDown (503), never 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Awaitable
 from typing import Any
 
-import structlog
 from redis.commands.core import AsyncScript as Script
 
 from gateway.access.keys import ApiKey
 from gateway.access.limits import WINDOW_S, Limited, Ticket, concurrency_refusal, rate_headers
-from gateway.shared_state.redis_link import DOWN, RedisLink, SharedStateDown
-
-log = structlog.get_logger("ctxfuse.gateway")
+from gateway.shared_state.redis_link import DOWN, RedisLink, SharedStateDown, Unawaited
 
 IN_FLIGHT_TTL_S = 900.0  # a dead replica's in-flight slots lapse after this (longer than any request)
 
@@ -133,7 +128,8 @@ class RedisLimiter:
 
     def __init__(self, link: RedisLink) -> None:
         self._link = link
-        self._pending: set[asyncio.Task[Any]] = set()  # settles and releases on their way
+        self._unawaited = Unawaited("limits_update_lost")  # settles and releases on their way
+        self._pending = self._unawaited.tasks
         # sent once, then called by their hash (EVALSHA) on the running loop's client
         # (the client given here only encodes the script's hash)
         encoder: Any = link.sync
@@ -192,7 +188,7 @@ class RedisLimiter:
             return
         ticket.reserved = False
         if ticket.released:
-            self._send(self._run(self._settle, ticket.key_id, ticket.token, used, 0))
+            self._unawaited.send(self._run(self._settle, ticket.key_id, ticket.token, used, 0))
         else:
             ticket.used = used
 
@@ -201,7 +197,7 @@ class RedisLimiter:
             return
         ticket.released = True
         used = -1 if ticket.used is None else ticket.used
-        self._send(self._run(self._settle, ticket.key_id, ticket.token, used, 1))
+        self._unawaited.send(self._run(self._settle, ticket.key_id, ticket.token, used, 1))
 
     async def headers(self, key: ApiKey, ticket: Ticket | None = None) -> list[tuple[bytes, bytes]]:
         """From the window the ticket's admission or reservation saw (no round trip), else read now."""
@@ -216,18 +212,6 @@ class RedisLimiter:
                 return []  # the answer goes on without them
         return rate_headers(lim, *window)
 
-    def _send(self, call: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(_quietly(call))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
 
 def _window(out: list[Any]) -> tuple[int, float, int, float]:
     return int(out[0]), float(out[1]), int(out[2]), float(out[3])
-
-
-async def _quietly(call: Awaitable[Any]) -> None:
-    try:
-        await call
-    except DOWN as exc:
-        log.warning("limits_update_lost", error=type(exc).__name__)

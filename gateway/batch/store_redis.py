@@ -162,7 +162,8 @@ class RedisBatchStore(RedisFileStore):
     @shared
     def active_ids(self, limit: int, skip: frozenset[str]) -> list[str]:
         """Up to `limit` ids of batches the runners have work on, oldest first, leaving out `skip`."""
-        ids = [text_of(i) for i in self._r.zrange(self._key("active"), 0, -1)]
+        # the first limit + |skip| of the set hold the answer: never read all of a long queue
+        ids = [text_of(i) for i in self._r.zrange(self._key("active"), 0, limit + len(skip) - 1)]
         return [i for i in ids if i not in skip][:limit]
 
     @shared

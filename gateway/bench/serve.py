@@ -6,6 +6,8 @@ request log included, written to a discarded stderr) over the instant engine;
 httptools protocol, without the connection limits (shared/conn_limits.py) every listener has: what
 those limits cost, measured beside the real thing (`ctxfuse bench gateway --compare-unlimited`);
 `python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app;
+`python -m gateway.bench.serve keyed PORT DATA_DIR [REDIS_URL]` serves the gateway whose tenants'
+keys and limits live in DATA_DIR or in that Redis (for `ctxfuse bench shared-state`);
 `python -m gateway.bench.serve edge PORT EDGE_PORT TLS_DIR STORE` serves the gateway and its
 mutual-TLS edge listener over the instant engine (for `ctxfuse bench edge`).
 Both use uvicorn's `auto` loop and HTTP parser: uvloop and httptools when installed, as `ctxfuse serve`.
@@ -81,6 +83,17 @@ def _serve_gateway(port: int, limited: bool = True) -> None:
         server.run()
 
 
+def _serve_keyed(port: int, data: Path, redis_url: str | None) -> None:
+    """The gateway over the instant engine with its keys in `data` or, given a URL, with keys and
+    limits in that Redis (`ctxfuse bench shared-state`)."""
+    from gateway.bench.fake_engine import InstantBackend
+    from gateway.config import GatewayConfig
+    from gateway.server import build_server
+
+    config = GatewayConfig(port=port, data_dir=data, redis_url=redis_url, log_level="warning")
+    build_server(InstantBackend(), config, announce=False).run()
+
+
 def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> None:
     from gateway.bench.fake_engine import InstantBackend
     from gateway.config import GatewayConfig
@@ -116,6 +129,8 @@ def main(argv: list[str]) -> int:
         _serve_gateway(port)
     elif kind == "gateway-unlimited":
         _serve_gateway(port, limited=False)
+    elif kind == "keyed":
+        _serve_keyed(port, Path(argv[2]), argv[3] if len(argv) > 3 else None)
     elif kind == "edge":
         _serve_edge_gateway(port, int(argv[2]), Path(argv[3]), Path(argv[4]))
     else:

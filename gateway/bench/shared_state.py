@@ -1,57 +1,44 @@
 """`ctxfuse bench shared-state`: what keeping limits and keys in Redis (`--redis-url`) adds to a
-request, measured side by side. Two gateways over the instant fake engine, each in its own process,
-each answering a tenant key with requests- and tokens-per-minute limits (so every request is looked
-up, admitted, reserved, settled and released): one keeps them in its own process and SQLite file,
-the other in a Redis on loopback. wrk drives each in turn, alternating for `rounds` rounds; the
-figure is the median of the rounds' p50 and p99 and their difference.
-
-`python -m gateway.bench.shared_state PORT DATA_DIR [REDIS_URL]` is one such gateway.
-"""
+request, measured side by side. Two gateways over the instant fake engine, each in its own process
+(`python -m gateway.bench.serve keyed ...`), each answering a tenant key with requests- and
+tokens-per-minute limits (so every request is looked up, admitted, reserved, settled and released):
+one keeps them in its own process and SQLite file, the other in a Redis on loopback. wrk drives each
+in turn, alternating for `rounds` rounds; the figure is the median of the rounds' p50 and p99 and
+their difference."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from gateway.bench.load import LoadResult, run_wrk, wrk_path
+from gateway.bench.redis_proc import RedisProcess
 from gateway.bench.run import ROUTE, request_body
-from gateway.bench.serve import HOST, free_port
+from gateway.bench.serve import ServerProcess
 
 RPM, TPM = 10**9, 10**12  # counted on every request, never reached
 
 
-class _Gateway:
+class _Keyed(ServerProcess):
+    """A keyed gateway, and the secret of its tenant's key."""
+
     def __init__(self, data: Path, redis_url: str | None) -> None:
         from gateway.access.keys import KeyLimits
 
-        self.port = free_port()
+        data.mkdir()
         store = _key_store(data, redis_url)
         _, self.key = store.create("bench", KeyLimits(rpm=RPM, tpm=TPM))
         store.close()
-        cmd = [sys.executable, "-m", "gateway.bench.shared_state", str(self.port), str(data)]
-        self.proc = subprocess.Popen(
-            [*cmd, *([redis_url] if redis_url else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-
-    def wait_ready(self) -> None:
-        from gateway.bench.serve import ServerProcess
-
-        ServerProcess.wait_ready(self, port=self.port)  # type: ignore[arg-type]
+        super().__init__("keyed", str(data), *([redis_url] if redis_url else []))
 
     def measure(self, body: str, connections: int, duration_s: float) -> LoadResult:
-        url = f"http://{HOST}:{self.port}{ROUTE}"
-        return run_wrk(url, body, connections, duration_s, {"Authorization": f"Bearer {self.key}"})
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        return run_wrk(
+            self.url + ROUTE, body, connections, duration_s, {"Authorization": f"Bearer {self.key}"}
+        )
 
 
 def _key_store(data: Path, redis_url: str | None) -> Any:
@@ -65,61 +52,28 @@ def _key_store(data: Path, redis_url: str | None) -> Any:
     return RedisKeyStore(RedisLink(redis_url))
 
 
-def _redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit(
-            "ctxfuse bench shared-state: needs redis-server (apt-get install redis-server) or --redis-url"
-        )
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-        stdout=subprocess.DEVNULL,
-    )
-    return proc, f"redis://{HOST}:{port}/0"
-
-
 def run(duration_s: float, connections: int, rounds: int, redis_url: str | None) -> dict[str, Any]:
     wrk_path()
     with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-shared-") as tmp:
         server = None
         if redis_url is None:
-            server, redis_url = _redis(Path(tmp))
-        (Path(tmp) / "local").mkdir()
-        (Path(tmp) / "redis").mkdir()
+            server = RedisProcess(Path(tmp))
+            redis_url = server.url
+        sides: dict[str, _Keyed] = {}
         try:
-            sides = {"local": _Gateway(Path(tmp) / "local", None)}
-            _wait_redis(redis_url)
-            sides["redis"] = _Gateway(Path(tmp) / "redis", redis_url)
-            try:
-                for g in sides.values():
-                    g.wait_ready()
-                return _measure(sides, duration_s, connections, rounds)
-            finally:
-                for g in sides.values():
-                    g.stop()
+            sides["local"] = _Keyed(Path(tmp) / "local", None)
+            sides["redis"] = _Keyed(Path(tmp) / "redis", redis_url)
+            for g in sides.values():
+                g.wait_ready()
+            return _measure(sides, duration_s, connections, rounds)
         finally:
+            for g in sides.values():
+                g.stop()
             if server is not None:
-                server.terminate()
-                server.wait()
+                server.stop()
 
 
-def _wait_redis(url: str) -> None:
-    import time
-
-    import redis
-
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise SystemExit(f"no Redis answers at {url}")
-
-
-def _measure(sides: dict[str, _Gateway], duration_s: float, connections: int, rounds: int) -> dict[str, Any]:
+def _measure(sides: dict[str, _Keyed], duration_s: float, connections: int, rounds: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "load": f"wrk -t1 -c{connections}, {duration_s:g} s per side per round, {rounds} rounds alternating",
         "servers": "gateway over the instant fake engine, a keyed tenant with rpm and tpm limits",
@@ -168,16 +122,3 @@ def add_shared_state_bench_parser(bench: argparse._SubParsersAction[argparse.Arg
 def _cmd(args: argparse.Namespace) -> int:
     print(json.dumps(run(args.duration, args.connections, args.rounds, args.redis_url), indent=2))
     return 0
-
-
-def _serve(port: int, data: Path, redis_url: str | None) -> None:
-    from gateway.bench.fake_engine import InstantBackend
-    from gateway.config import GatewayConfig
-    from gateway.server import build_server
-
-    config = GatewayConfig(port=port, data_dir=data, redis_url=redis_url, log_level="warning")
-    build_server(InstantBackend(), config, announce=False).run()
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

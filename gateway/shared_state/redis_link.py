@@ -19,13 +19,17 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections.abc import Awaitable
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+import structlog
 from redis.exceptions import RedisError
 
 from gateway.errors import ServiceUnavailableError
+
+log = structlog.get_logger("ctxfuse.gateway")
 
 TIMEOUT_S = 2.0  # connect and per-command socket timeout: an unreachable Redis fails fast
 NAMESPACE = "ctxfuse"
@@ -97,3 +101,23 @@ def redacted(url: str) -> str:
 
 
 DOWN = (RedisError, OSError)  # what a call to an unreachable or failing Redis raises
+
+
+class Unawaited:
+    """Calls to Redis that nothing waits for (a settlement, a note to the other replicas): each runs
+    as a task held here until it ends; one that fails because Redis is down is logged as `lost`."""
+
+    def __init__(self, lost: str) -> None:
+        self.lost = lost  # the log event of a call that failed
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, call: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(self._quietly(call))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _quietly(self, call: Awaitable[Any]) -> None:
+        try:
+            await call
+        except DOWN as exc:
+            log.warning(self.lost, error=type(exc).__name__)

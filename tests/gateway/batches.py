@@ -29,6 +29,11 @@ def chat_line(custom_id: str, text: str = "Say hi.", max_tokens: int = 3, **body
     }
 
 
+def tag_of(body: bytes) -> str:
+    """The text a chat_line's body asks about (its tag)."""
+    return str(json.loads(body)["messages"][0]["content"])
+
+
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 

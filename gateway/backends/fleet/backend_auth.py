@@ -6,20 +6,23 @@ routes are never open to whoever reaches them; a foreign OpenAI-compatible serve
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 
 import httpx
 
-from gateway.backends.fleet.config import FleetConfig
+from gateway.backends.fleet.config import BackendSpec
 
 
 class BackendAuth(httpx.Auth):
-    def __init__(self, config: FleetConfig) -> None:
-        self._keys = [(spec.url, spec.api_key or config.backend_key) for spec in config.backends]
+    def __init__(self, backends: Callable[[], Sequence[BackendSpec]], backend_key: str | None) -> None:
+        """`backends`: the fleet's backends now (discovery adds and drops them as it runs)."""
+        self._backends = backends
+        self._backend_key = backend_key
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         url = str(request.url)
-        for base, key in self._keys:
+        for spec in self._backends():
+            base, key = spec.url, spec.api_key or self._backend_key
             if key and (url == base or url.startswith(base + "/")):
                 request.headers["Authorization"] = f"Bearer {key}"
                 break

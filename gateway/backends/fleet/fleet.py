@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 import structlog
@@ -62,14 +62,14 @@ class Fleet:
         # what the other router replicas are told, and hear (`--redis-url`; fleet/shared.py); None: alone
         self.sync: FleetSync | None = None
         # replaced whole, never changed in place, when discovery adds or drops one: a loop over the
-        # list it read goes on over that list
+        # list it read goes on over that list (the client's BackendAuth reads it at each request)
         self.backends = [self._backend(spec) for spec in config.backends]
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=config.connect_timeout_s)
         # trust_env off: backends are addressed as configured, never through a proxy from the environment
         self.client = httpx.AsyncClient(
             timeout=timeout,
             trust_env=False,
-            auth=BackendAuth(config),
+            auth=BackendAuth(lambda: [b.spec for b in self.backends], config.backend_key),
             limits=httpx.Limits(max_connections=None, keepalive_expiry=ROUTER_KEEP_ALIVE_S),
         )
         for version in self.canary.versions:
@@ -90,7 +90,7 @@ class Fleet:
             raise ValueError(f"backend {spec.name} ({spec.url}) is already in the fleet")
         backend = self._backend(spec)
         backend.reachable = False
-        self._set_backends([*self.backends, backend])
+        self.backends = [*self.backends, backend]
         return backend
 
     def drop_backend(self, name: str) -> FleetBackend | None:
@@ -99,15 +99,11 @@ class Fleet:
         gone = next((b for b in self.backends if b.name == name), None)
         if gone is None:
             return None
-        self._set_backends([b for b in self.backends if b is not gone])
+        self.backends = [b for b in self.backends if b is not gone]
         self.index.forget(name)
         self.metrics.index_keys.set(len(self.index))
         self.metrics.circuit.remove(name)  # a gone backend's last state is no alert
         return gone
-
-    def _set_backends(self, backends: list[FleetBackend]) -> None:
-        self.backends = backends
-        self.client.auth = BackendAuth(replace(self.config, backends=tuple(b.spec for b in backends)))
 
     def _circuit_logger(self, name: str) -> OnChange:
         def changed(old: CircuitState, new: CircuitState) -> None:

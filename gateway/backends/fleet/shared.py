@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
 
 from gateway.backends.fleet.canary import Rollback
-from gateway.shared_state.redis_link import DOWN, RedisLink
+from gateway.shared_state.redis_link import DOWN, RedisLink, Unawaited
 
 if TYPE_CHECKING:
     from gateway.backends.fleet.fleet import Fleet
@@ -60,30 +60,25 @@ class FleetSync:
         self._link = link
         self._channel = link.key("fleet", "notes")
         self._rollbacks = link.key("fleet", "rolled_back")
-        self._pending: set[asyncio.Task[Any]] = set()
+        self._unawaited = Unawaited("fleet_note_lost")
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()  # subscribed, and the stored rollbacks applied
 
     # -- this replica's notes -------------------------------------------------------------------
 
     def remembered(self, backend: str, keys: Sequence[bytes]) -> None:
-        self._send(self._publish(Remembered(backend, list(keys))))
+        self._unawaited.send(self._publish(Remembered(backend, list(keys))))
 
     def rolled_back(self, rollback: Rollback) -> None:
         async def keep_and_tell() -> None:
             await self._link.aio.hsetnx(self._rollbacks, rollback.version, msgspec.msgpack.encode(rollback))
             await self._publish(RolledBack(rollback))
 
-        self._send(keep_and_tell())
+        self._unawaited.send(keep_and_tell())
 
     async def _publish(self, body: Remembered | RolledBack) -> None:
         note = Note(self._link.replica, body)
         await self._link.aio.publish(self._channel, msgspec.msgpack.encode(note))
-
-    def _send(self, call: Any) -> None:
-        task = asyncio.ensure_future(_quietly(call))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
 
     # -- the others' ----------------------------------------------------------------------------
 
@@ -91,12 +86,10 @@ class FleetSync:
         self._task = asyncio.get_running_loop().create_task(self._listen(), name="fleet-sync")
 
     async def stop(self) -> None:
-        for task in (self._task, *self._pending):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(
-            *(t for t in (self._task, *self._pending) if t is not None), return_exceptions=True
-        )
+        tasks = [t for t in (self._task, *self._unawaited.tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _listen(self) -> None:
         while True:
@@ -139,10 +132,3 @@ class FleetSync:
     def _adopt(self, rollback: Rollback) -> None:
         if self._fleet.canary.adopt(rollback):
             self._fleet.adopted_rollback(rollback)
-
-
-async def _quietly(call: Any) -> None:
-    try:
-        await call
-    except DOWN as exc:
-        log.debug("fleet_note_lost", error=type(exc).__name__)
