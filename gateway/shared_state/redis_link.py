@@ -8,7 +8,9 @@ its local SQLite file, as on one machine.
 Every piece fails closed when Redis cannot be reached: its routes answer 503 naming Redis
 (`SharedStateDown`), never a hang (every call has a socket timeout) and never a silent fallback to
 this replica's own state, which would let a fleet of N replicas admit N times a key's limit or miss
-a revocation.
+a revocation. A command that timed out is not sent again (redis-py's default would retry it three
+times, so an outage would hold each call ~15 s, and a write that landed late would land twice); one
+that met a broken connection (Redis restarted, a pooled socket closed) is sent once more on a new one.
 
 Two clients over one URL: an asyncio one for the event loop's calls (limits), and a thread-safe
 blocking one for stores that already run off the loop in threads (keys, batches, chunks).
@@ -25,7 +27,11 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from gateway.errors import ServiceUnavailableError
 
@@ -54,9 +60,10 @@ class RedisLink:
         self.namespace = namespace
         self.replica = replica or replica_id()
         opts: dict[str, Any] = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
+        broken = (RedisConnectionError,)  # sent once more; a timeout is not (see above)
         # parse now: a malformed URL is an error at start, not at the first request
-        self.sync: redis.Redis = redis.Redis.from_url(url, **opts)
-        self._opts = opts
+        self.sync: redis.Redis = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 1, broken), **opts)
+        self._opts = {**opts, "retry": AsyncRetry(NoBackoff(), 1, broken)}
         self._async: aioredis.Redis | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
