@@ -19,8 +19,9 @@ from cloud.engine.config import (
     EngineConfig,
     SparseConfig,
 )
+from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, POOL_KERNEL, SINK_TOKENS
 from cloud.model.formats import WEIGHT_QUANTS
-from ctxfuse.cli_values import non_negative_int
+from ctxfuse.cli_values import non_negative_int, positive_int
 from shared.errors import CtxfuseError
 
 
@@ -110,6 +111,16 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "within a block, values per token, fp16 scales and zero points), or fp8 (e4m3, per-head scales)",
     )
     g.add_argument(
+        "--kv-prune-budget",
+        type=positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="a prompt longer than this keeps at most this many tokens' KV after its prefill, per layer "
+        f"and KV head: the first {SINK_TOKENS} (sinks), the last {OBSERVATION_WINDOW} (the observation "
+        "window, whose queries score the rest) and the best-scored between (SnapKV, scores max-pooled "
+        f"over {POOL_KERNEL} tokens); needs --kv-dtype auto and --attention dense (default: off)",
+    )
+    g.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -128,7 +139,40 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         choices=CONTEXT_OVERFLOWS,
         default=d.context_overflow,
         help="a prompt longer than the context: error (default, context_length_exceeded); truncate_middle "
-        "(drop the middle of the prompt, reported in usage.prompt_tokens_details.truncated_tokens)",
+        "(drop the middle of the prompt, reported in usage.prompt_tokens_details.truncated_tokens); "
+        "sliding_window (run past the context on attention sinks plus recent blocks); drop_old_turns "
+        "(chat: drop whole old turns, lowest time-decay score first, keeping system messages and the "
+        "latest turn; reported in truncated_tokens and truncated_messages)",
+    )
+    g.add_argument(
+        "--kv-host-memory",
+        type=float,
+        default=d.kv_host_memory_gib,
+        metavar="GIB",
+        help="host-RAM tier for prefix blocks evicted from the KV cache, in GiB (default 0: none); a hit "
+        "copies them back instead of prefilling again",
+    )
+    g.add_argument(
+        "--kv-offload-dir",
+        default=d.kv_offload_dir,
+        metavar="DIR",
+        help="disk tier for prefix blocks: every cached block is written there too and survives restarts "
+        "(keyed by model, dtypes and layout); default: none",
+    )
+    g.add_argument(
+        "--kv-offload-disk",
+        type=float,
+        default=d.kv_offload_disk_gib,
+        metavar="GIB",
+        help=f"bound of the disk tier in GiB, least recently used blocks deleted first (default "
+        f"{d.kv_offload_disk_gib:g})",
+    )
+    g.add_argument(
+        "--kv-offload-dtype",
+        choices=["auto", "int8", "int4"],
+        default=d.kv_offload_dtype,
+        help="what the disk tier stores of a full-precision cache's blocks: auto (their own bytes) or int8 / "
+        "int4 codes (the quantized KV cache's scheme: 1/4 or 1/8 of fp32's bytes, hot tiers stay exact)",
     )
     s = d.sparse
     g.add_argument(
@@ -255,8 +299,13 @@ def _engine_config(args: argparse.Namespace, spec: ModelSpec | None) -> EngineCo
             args.sparse_top_p,
         ),
         kv_dtype=args.kv_dtype,
+        kv_prune_budget=args.kv_prune_budget,
         rope_scaling=args.rope_scaling,
         context_overflow=args.context_overflow,
+        kv_host_memory_gib=args.kv_host_memory,
+        kv_offload_dir=args.kv_offload_dir,
+        kv_offload_disk_gib=args.kv_offload_disk,
+        kv_offload_dtype=args.kv_offload_dtype,
         chat_template=args.chat_template,
     )
 

@@ -33,6 +33,8 @@ class Backend(Protocol):
     max_model_len: int
     hidden_size: int  # the width of an embedding
     tokenizer: Tokenizer
+    # the engine's --context-overflow: drop_old_turns is the routes' to do, where the chat is rendered
+    context_overflow: str
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         """max_tokens for a request that sets none."""

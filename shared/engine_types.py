@@ -89,9 +89,11 @@ class SamplingParams:
 def default_max_tokens(policy: str, max_model_len: int, num_prompt_tokens: int) -> int:
     """max_tokens for a request that sets none: what the prompt leaves of the context (as OpenAI).
     Under the `policy`s that take any prompt (truncate_middle, sliding_window) a prompt that leaves
-    less than an eighth gets an eighth (its middle dropped to make room, or the window sliding on)."""
+    less than an eighth gets an eighth (its middle dropped to make room, or the window sliding on).
+    drop_old_turns has already made that room where the chat had turns to drop (cloud/text/history.py):
+    what is left is what the prompt leaves, as under error."""
     room = max_model_len - num_prompt_tokens
-    if policy != "error" and room < max_model_len // 8:
+    if policy in ("truncate_middle", "sliding_window") and room < max_model_len // 8:
         return max(1, max_model_len // 8)
     return max(1, room)
 
@@ -100,8 +102,9 @@ def check_text_size(policy: str, max_model_len: int, num_chars: int, max_token_b
     """Refuse, before tokenizing, a prompt whose text alone cannot fit the context: `num_chars`
     characters are at least as many bytes, so at least num_chars / max_token_bytes tokens (the
     tokenizer's bound; None: no bound, nothing refused). Only where overlong prompts are refused
-    (`policy` error); the other policies take any length."""
-    if max_token_bytes is None or policy != "error":
+    (`policy` error, and drop_old_turns, whose chat route counts only the text it cannot drop); the
+    other policies take any length."""
+    if max_token_bytes is None or policy not in ("error", "drop_old_turns"):
         return
     least = -(-num_chars // max_token_bytes)
     if least >= max_model_len:
@@ -160,7 +163,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
-    num_truncated_tokens: int = 0  # prompt tokens dropped to fit the context (truncate_middle)
+    num_truncated_tokens: int = 0  # prompt tokens the engine dropped to fit the context (truncate_middle)
     # with the first output, when asked: one entry per prompt token (the first has no logprob)
     prompt_logprobs: list[SampleResult] | None = None
     queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
@@ -169,6 +172,42 @@ class RequestOutput:
     # why a choice that finished with "error" did, when the client caused it (e.g. grammar_dead_end);
     # None: the engine failed
     error_code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """One KV tier below the device pool (host RAM, disk: cloud/engine/kv/tiers), counts since start."""
+
+    tier: str  # "host" / "disk"
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    hits: int  # blocks found here on a prefix lookup
+    misses: int  # blocks looked up here and not found
+    promotions: int  # blocks that went from here back to the device pool
+    demotions: int  # blocks put here
+    load_seconds: float  # reading blocks and copying them back
+    write_errors: int = 0  # disk writes that failed (full, read-only): logged once per kind
+    writes_dropped: int = 0  # disk writes dropped while the writer was behind
+    corrupt: int = 0  # damaged files found (deleted, recomputed)
+
+
+def sum_tiers(tiers: list[TierStats]) -> tuple[TierStats, ...]:
+    """Several engines' tiers as one per tier name (what a gateway serving several models reports)."""
+    out: dict[str, TierStats] = {}
+    for t in tiers:
+        o = out.get(t.tier)
+        if o is None:
+            out[t.tier] = t
+            continue
+        out[t.tier] = TierStats(t.tier, *(getattr(o, f) + getattr(t, f) for f in _TIER_SUMS))
+    return tuple(out.values())
+
+
+_TIER_SUMS = (
+    "blocks", "bytes", "capacity_bytes", "hits", "misses", "promotions", "demotions", "load_seconds",
+    "write_errors", "writes_dropped", "corrupt",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +222,4 @@ class EngineStats:
     prefix_hit_tokens: int
     grammar_cache_hits: int = 0
     grammar_cache_misses: int = 0  # grammars compiled
+    kv_tiers: tuple[TierStats, ...] = ()  # the KV tiers below the device pool, when configured

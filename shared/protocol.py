@@ -99,6 +99,9 @@ class CtxfuseOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Our extensions, under the request's `ctxfuse` key."""
 
     field_confidence: bool = False  # structured output: a confidence per leaf field of the JSON
+    # chat only: a conversation too long for the context drops whole old turns (true) or none (false:
+    # the engine's token policy applies, error refuses it); None: as the server's --context-overflow
+    drop_old_turns: bool | None = None
 
 
 class SamplingFields(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -189,7 +192,10 @@ class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 
 class PromptTokensDetails(Struct, kw_only=True):
     cached_tokens: int = 0
-    truncated_tokens: int = 0  # ctxfuse: dropped from the prompt's middle to fit (truncate_middle)
+    # ctxfuse: dropped from the prompt to fit the context (truncate_middle: its middle; drop_old_turns:
+    # the old turns' tokens), and the chat messages drop_old_turns dropped
+    truncated_tokens: int = 0
+    truncated_messages: int = 0
 
 
 class Usage(Struct, kw_only=True):

@@ -112,7 +112,10 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     user: str | None = None
     reasoning: Reasoning | None = None
     background: bool | None = None  # only false: a response is answered while the request waits
-    truncation: Literal["disabled"] | None = None  # "auto" would drop items we were asked to keep
+    # auto: a conversation too long for the context drops its oldest turns (cloud/text/history.py);
+    # disabled (OpenAI's default): none, so it is refused with context_length_exceeded (unless the
+    # engine truncates tokens itself: truncate_middle, sliding_window); None: --context-overflow decides
+    truncation: Literal["auto", "disabled"] | None = None
     # "message.output_text.logprobs" asks for each output token's logprob (with `top_logprobs`
     # alternatives); others are refused by name (responses_convert.py)
     include: list[str] | None = None
@@ -171,6 +174,9 @@ Item = Message | FunctionCallItem | FunctionCallOutput
 class InputTokensDetails(Struct, kw_only=True):
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    # ctxfuse: what truncation dropped to fit the context, as chat's usage.prompt_tokens_details
+    truncated_tokens: int = 0
+    truncated_messages: int = 0
 
 
 class OutputTokensDetails(Struct, kw_only=True):
@@ -221,7 +227,7 @@ class Response(Struct, kw_only=True):
     tool_choice: ToolChoice = "auto"
     tools: list[FunctionTool] = msgspec.field(default_factory=list)
     top_p: float | None = None
-    truncation: Literal["disabled"] = "disabled"
+    truncation: Literal["auto", "disabled"] = "disabled"
     usage: ResponseUsage | None = None
     user: str | None = None
     background: bool = False

@@ -1,7 +1,11 @@
 """The engine configurations the long-context benchmark compares, and which engines each needs.
 
 A configuration is named after what it changes from dense: `sparse-1024` (block-sparse attention,
-1024 tokens attended per query), `int4` (KV cache in int4), `sparse-1024-int4` (both). Every
+1024 tokens attended per query), `int4` (KV cache in int4), `sparse-1024-int4` (both), `pruned-25`
+(after its prefill a case keeps the KV of 25% of its tokens, chosen by attention: kv/prune.py; its
+budget follows each case's length, so such a configuration runs one engine per length), `cold-int4`
+(the prompt's KV comes back from a disk tier that stores it as int4: each case runs once to fill the
+tier, then again, scored, with every full prompt block read from disk). Every
 configuration runs the same cases; cases longer than the model's native (trained) context run on a
 second engine with YaRN RoPE scaling. `dense-noyarn` is the exception: it runs only those long cases
 up to twice the native context, with unscaled RoPE, to show what YaRN buys.
@@ -9,9 +13,10 @@ up to twice the native context, with unscaled RoPE, to show what YaRN buys.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, replace
 
-from cloud.engine.config import AttentionKind, EngineConfig, KVDType, SparseConfig
+from cloud.engine.config import AttentionKind, EngineConfig, KVDType, OffloadDType, SparseConfig
 
 from .longctx_data import CaseSpec, Task
 
@@ -26,6 +31,10 @@ class LongCtxConfig:
     sparse_budget: int | None = None  # tokens attended per query (sparse attention only)
     kv_dtype: KVDType = "auto"
     yarn: bool = True  # False: long cases keep unscaled RoPE (and only those up to 2x native run)
+    prune: float | None = None  # KV pruned after the prefill to this share of the case's tokens
+    # the case's prompt KV read back from a disk tier that stores it at this precision (kv/tiers):
+    # each case runs twice, the second (scored) run takes every full prompt block from disk
+    cold: OffloadDType | None = None
 
 
 CONFIGS: dict[str, LongCtxConfig] = {
@@ -37,6 +46,10 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("int8", kv_dtype="int8"),
         LongCtxConfig("int4", kv_dtype="int4"),
         LongCtxConfig("sparse-1024-int4", attention="sparse", sparse_budget=1024, kv_dtype="int4"),
+        LongCtxConfig("pruned-25", prune=0.25),
+        LongCtxConfig("pruned-10", prune=0.10),
+        LongCtxConfig("cold-int8", cold="int8"),
+        LongCtxConfig("cold-int4", cold="int4"),
         LongCtxConfig("dense-noyarn", yarn=False),
     )
 }
@@ -85,21 +98,32 @@ def plan(config: LongCtxConfig, grid: Grid) -> list[EngineGroup]:
         # the context YaRN stretches the model to, as the issue has it (32768 for SmolLM2 x 4)
         scaled = max(int(native * grid.yarn_factor), long[-1])
         groups.append(EngineGroup(yarn, scaled, grid.specs(long)))
+    if config.prune is not None:  # the prune budget is per engine: one engine per length
+        return [
+            replace(g, specs=tuple(s for s in g.specs if s.length == n))
+            for g in groups
+            for n in sorted({s.length for s in g.specs})
+        ]
     return groups
 
 
 def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup) -> EngineConfig:
     """The engine for one group, less its KV budget (sized once bytes per token are known)."""
     sparse = SparseConfig() if config.sparse_budget is None else SparseConfig(budget=config.sparse_budget)
+    prune = None if config.prune is None else int(config.prune * max(s.length for s in group.specs))
     chosen = replace(
         base,
         attention=config.attention,
         sparse=sparse,
         kv_dtype=config.kv_dtype,
+        kv_prune_budget=prune,
         rope_scaling=group.rope_scaling,
         max_model_len=group.max_model_len,
         # cases share haystack prefixes: a prefix-cache hit would make prefill look faster than it is
-        enable_prefix_caching=False,
+        # (a cold configuration needs the cache: its scored run takes the prompt's blocks from disk)
+        enable_prefix_caching=config.cold is not None,
+        kv_offload_dir=None if config.cold is None else tempfile.mkdtemp(prefix="ctxfuse-longctx-cold-"),
+        kv_offload_dtype=config.cold or "auto",
         max_num_seqs=1,  # one request at a time: per-request long-context behaviour
     )
     # pinned, so that the KV budget can be sized in whole blocks of a known size

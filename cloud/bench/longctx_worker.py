@@ -72,7 +72,8 @@ def _engine(config: EngineConfig, loaded: LoadedModel) -> EngineCore:
 
     Bytes per token depend on the layout (dtype, quantization scales, sparse key summaries) and a
     quantized cache sets full-precision staging aside first, so a probe engine measures both: what
-    its budget holds beyond whole blocks is the staging plus less than one block."""
+    its budget holds beyond whole blocks is the staging plus less than one block. A pruning engine
+    holds a prompt's blocks and its kept tokens' at once while it prunes: room for both."""
     if config.max_model_len is None or config.block_size is None:
         raise ValueError("the benchmark's engine config pins max_model_len and block_size")
     probe_cfg = replace(config, kv_cache_memory_gib=PROBE_KV_GIB, max_model_len=None, weight_quant="none")
@@ -81,6 +82,8 @@ def _engine(config: EngineConfig, loaded: LoadedModel) -> EngineCore:
     block_bytes = stats.kv_bytes_per_token * config.block_size
     set_aside = PROBE_KV_GIB * 2**30 - stats.num_blocks * block_bytes
     blocks = math.ceil(config.max_model_len / config.block_size)
+    if config.kv_prune_budget is not None:
+        blocks += math.ceil(config.kv_prune_budget / config.block_size)
     gib = (set_aside + blocks * block_bytes + 2**10) / 2**30  # a KiB against rounding
     return EngineCore(replace(config, kv_cache_memory_gib=gib), loaded)
 
@@ -134,6 +137,15 @@ def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: i
     return r
 
 
+def _to_disk(core: EngineCore) -> None:
+    """Evict every cached block of the pool (to the disk tier) and wait for the disk writes."""
+    ids = core.pool.allocate(core.pool.num_free)
+    if ids:
+        core.pool.free(ids)
+    if core.tiers is not None and core.tiers.disk is not None:
+        core.tiers.disk.flush(600)
+
+
 def _run_group(
     core: EngineCore, group: EngineGroup, spec: WorkerSpec, emit: Callable[[WorkerLine], None]
 ) -> None:
@@ -141,10 +153,15 @@ def _run_group(
     core.runner.attention = timed
     enc = Encoder(core.encode_chat, core.tokenizer)
     _run_case(core, timed, make_case(WARMUP, enc, spec.max_tokens, spec.seed), spec.max_tokens, "warmup")
+    cold = CONFIGS[spec.config].cold is not None
     for i, cs in enumerate(group.specs):
         rid = f"case-{i}"
         try:
-            r = _run_case(core, timed, make_case(cs, enc, spec.max_tokens, spec.seed), spec.max_tokens, rid)
+            case = make_case(cs, enc, spec.max_tokens, spec.seed)
+            if cold:  # fill the disk tier, push the prompt's blocks out of the pool: the run below reads them
+                _run_case(core, timed, case, spec.max_tokens, f"{rid}-prime")
+                _to_disk(core)
+            r = _run_case(core, timed, case, spec.max_tokens, rid)
         except Exception as exc:  # one case failing is a result, not the end of the run
             core.abort(rid)
             r = CaseResult(config="", task=cs.task, length=cs.length, depth=cs.depth, sample=cs.sample)

@@ -17,8 +17,14 @@ KVDType = Literal["auto", "int8", "int4", "fp8"]
 KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4", "fp8")
 AttentionKernels = Literal["auto", "torch", "triton", "cpu"]
 ATTENTION_KERNELS: tuple[AttentionKernels, ...] = ("auto", "torch", "triton", "cpu")
-ContextOverflow = Literal["error", "truncate_middle", "sliding_window"]
-CONTEXT_OVERFLOWS: tuple[ContextOverflow, ...] = ("error", "truncate_middle", "sliding_window")
+OffloadDType = Literal["auto", "int8", "int4"]
+ContextOverflow = Literal["error", "truncate_middle", "sliding_window", "drop_old_turns"]
+CONTEXT_OVERFLOWS: tuple[ContextOverflow, ...] = (
+    "error",
+    "truncate_middle",
+    "sliding_window",
+    "drop_old_turns",
+)
 CPU_KV_CACHE_GIB = 2.0  # the KV budget on CPU when none is given (on a GPU: a share of free memory)
 GPU_MEMORY_UTILIZATION = 0.9  # the share of a GPU's memory the engine may take (vLLM's default)
 
@@ -68,6 +74,15 @@ class EngineConfig:
     # overrides the model's RoPE scaling, e.g. {"type": "yarn", "factor": 4}
     rope_scaling: dict[str, float | str] | None = None
     context_overflow: ContextOverflow = "error"
+    # a prompt longer than this many tokens keeps only this many tokens' KV once computed, chosen by
+    # the attention its last 32 tokens give (SnapKV; kv/prune.py); None: every token's KV is kept
+    kv_prune_budget: int | None = None
+    # KV tiers below the device pool (cloud/engine/kv/tiers): evicted prefix blocks kept in host RAM
+    # (GiB, 0: none) and on disk under a directory (None: none), bounded in GiB, LRU
+    kv_host_memory_gib: float = 0.0
+    kv_offload_dir: str | None = None
+    kv_offload_disk_gib: float = 16.0
+    kv_offload_dtype: OffloadDType = "auto"  # what the disk tier stores: the cache's bytes, or int8 / int4
     # the text of a Jinja chat template used instead of the model's (`--chat-template FILE`, as vLLM's)
     chat_template: str | None = None
 

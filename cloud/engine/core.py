@@ -9,8 +9,10 @@ requests it carried; the core keeps serving.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +22,14 @@ from cloud.engine.config import EngineConfig
 from cloud.engine.kv.block_events import BlockEventLog
 from cloud.engine.kv.block_pool import BlockPool
 from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.fp8_cache import Fp8KVCache
 from cloud.engine.kv.memory import make_kv_cache, plan_kv, release_free_heap
+from cloud.engine.kv.prune_plan import PruneLimit
+from cloud.engine.kv.prune_plan import check as check_pruning
+from cloud.engine.kv.quant import BITS
+from cloud.engine.kv.tiers.codec import ColdCodec
+from cloud.engine.kv.tiers.offload import KVTiers, model_identity, tier_namespace
+from cloud.engine.kv.tiers.records import BlockRecords
 from cloud.engine.output import TextState, make_output
 from cloud.engine.request import FinishReason, Request
 from cloud.engine.runner.cuda_graphs import CudaGraphs, eligible
@@ -49,6 +58,7 @@ from shared.engine_types import (
     SamplingParams,
 )
 from shared.errors import InvalidRequestError, QueueFullError
+from shared.fleet_protocol import HASH_SCHEME
 
 
 @dataclass(slots=True)
@@ -81,6 +91,8 @@ class EngineCore:
         if config.chat_template is not None:
             self.chat_template = loaded.chat_template.replaced(config.chat_template, "--chat-template")
         c = self.model_config
+        windowed = any(c.attention_window(i) is not None for i in range(c.num_layers))
+        check_pruning(config, config.kv_block_size, windowed)
         dtype = config.torch_dtype
         self.device = device = config.torch_device
         self.weight_plan = self._weight_plan(device, weights)
@@ -99,6 +111,7 @@ class EngineCore:
             self.model = build_model(
                 weights, dtype=dtype, plan=self.weight_plan, max_positions=self.kv_plan.max_model_len
             )
+        loaded_path = loaded.path
         # the model holds what it runs on: the float copies of projections it serves from the file's
         # blocks go now, before the KV cache is allocated (peak RSS), unless the caller holds them
         del weights, loaded
@@ -116,7 +129,9 @@ class EngineCore:
             config.sparse.sinks,
             bs,
         )
-        self.admission = Admission(c.vocab_size, self.max_model_len, self.overflow)
+        budget = config.kv_prune_budget
+        prune = None if budget is None else PruneLimit(budget, bs, self.kv_plan.num_blocks)
+        self.admission = Admission(c.vocab_size, self.max_model_len, self.overflow, prune)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.max_num_seqs,
@@ -126,6 +141,7 @@ class EngineCore:
                 self.overflow.sink_blocks,
                 self.overflow.ring_blocks,
                 config.long_prefill_tokens,
+                config.kv_prune_budget,
             ),
             self.pool,
             bs,
@@ -139,6 +155,7 @@ class EngineCore:
             device,
             spare_blocks=1 if device.type == "cuda" else 0,
         )
+        self.tiers = self._tiers(loaded_path)
         self.sampler = Sampler(device)
         self.grammars = GrammarCompiler(self.tokenizer, c.vocab_size)
         self.runner = ModelRunner(
@@ -149,12 +166,88 @@ class EngineCore:
             self.overflow.sink_blocks,
             config.max_num_seqs,
             self.max_model_len,
+            config.kv_prune_budget,
         )
+        if self.tiers is not None:
+            self.runner.before_forward = self.tiers.apply_loads
         self.graphs_off = self._capture_graphs()  # why decode steps run eagerly (None: graphs)
         self._choices: dict[str, _Choice] = {}
         self._children: dict[str, list[str]] = {}
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
+
+    def _tiers(self, model_path: Path) -> KVTiers | None:
+        """The KV tiers below the pool (--kv-host-memory, --kv-offload-dir), hooked to the pool and the
+        prefix lookup; None when neither is asked for."""
+        config = self.config
+        host = int(config.kv_host_memory_gib * 2**30)
+        if host <= 0 and config.kv_offload_dir is None:
+            return None
+        if config.kv_host_memory_gib < 0 or config.kv_offload_disk_gib <= 0:
+            raise InvalidRequestError("--kv-host-memory must be >= 0 and --kv-offload-disk > 0")
+        if not config.enable_prefix_caching:
+            raise InvalidRequestError("KV tiers keep prefix-cache blocks: they need prefix caching on")
+        records = BlockRecords(self.cache.block_parts())
+        plan = self.kv_plan
+        codec = self._cold_codec()
+        namespace = tier_namespace(
+            config.kv_offload_dtype,
+            model_identity(model_path),
+            self.model_config,
+            self.config.run_dtype,
+            self.weight_plan.describe(),
+            plan.kv_dtype,
+            plan.block_size,
+            records.layout(),
+            HASH_SCHEME,
+        )
+        disk_dir = None
+        if config.kv_offload_dir is not None:
+            disk_dir = Path(config.kv_offload_dir).expanduser()
+            try:
+                disk_dir.mkdir(parents=True, exist_ok=True)
+                probe = disk_dir / f".probe-{os.getpid()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as exc:
+                raise InvalidRequestError(
+                    f"--kv-offload-dir {disk_dir} cannot be written ({exc.strerror or exc}): "
+                    "give a directory this user can write"
+                ) from None
+        tiers = KVTiers(
+            records,
+            max(host, 0),
+            disk_dir,
+            int(config.kv_offload_disk_gib * 2**30),
+            namespace,
+            self.pool,
+            codec,
+        )
+        self.pool.tiers = tiers
+        self.scheduler.kv.tiers = tiers
+        return tiers
+
+    def _cold_codec(self) -> ColdCodec | None:
+        """The disk tier's lower precision (--kv-offload-dtype), for a full-precision cache only."""
+        cold = self.config.kv_offload_dtype
+        if cold == "auto":
+            return None
+        cache = self.cache
+        if not isinstance(cache, KVCache) or isinstance(cache, Fp8KVCache):
+            raise InvalidRequestError(
+                f"--kv-offload-dtype {cold} quantizes a full-precision cache's blocks; this cache is "
+                f"{self.kv_plan.kv_dtype} already (its disk tier stores its own bytes: leave it auto)"
+            )
+        c = self.model_config
+        tail = 0 if cache.summaries is None else 2 * 2 * c.num_layers * c.num_kv_heads * c.head_dim
+        return ColdCodec(
+            c.num_layers, c.num_kv_heads, self.kv_plan.block_size, c.head_dim, cache.dtype, BITS[cold], tail
+        )
+
+    def close(self) -> None:
+        """Finish what outlives the engine (the disk tier's queued writes)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def _weight_plan(self, device: torch.device, weights: ModelWeights) -> WeightPlan:
         config, c = self.config, self.model_config
@@ -287,6 +380,8 @@ class EngineCore:
             req.sliding = self.overflow.slides(len(prompt_token_ids), params.max_tokens)
             first = first or req
             self.scheduler.add(req)
+            if req is first:  # (the other choices share its prompt)
+                self.scheduler.kv.prefetch(req)
             self._choices[rid] = _Choice(
                 request_id,
                 i,
@@ -321,6 +416,8 @@ class EngineCore:
             if choice.prompt_logprobs is not None:
                 choice.prompt_logprobs.update(scored)  # a recompute after preemption rewrites the same
         events = self.scheduler.update(out, {rid: res.token_id for rid, res in result.sampled.items()})
+        if self.tiers is not None:
+            self.tiers.write_through()  # the blocks this step filled, to disk
         return [self._emit(ev, result.sampled[ev.request.request_id]) for ev in events]
 
     def _emit(self, ev: TokenEvent, res: SampleResult) -> RequestOutput:
@@ -400,6 +497,7 @@ class EngineCore:
             prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
             grammar_cache_hits=self.grammars.hits,
             grammar_cache_misses=self.grammars.misses,
+            kv_tiers=() if self.tiers is None else self.tiers.stats(),
         )
 
     def next_request_id(self) -> str:

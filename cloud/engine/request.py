@@ -52,6 +52,9 @@ class Request:
     # sliding_window policy, for a request longer than the context: keep the sink blocks and a ring
     # of recent blocks; dropped blocks leave -1 in block_ids, so indices stay positions // block_size
     sliding: bool = False
+    # KV pruning (kv/prune.py): its prompt's KV was compacted into fresh blocks after the prompt, -1
+    # standing in block_ids for the blocks it gave up; its blocks are never entered in the prefix cache
+    pruned: bool = False
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # when it was first admitted (the end of its queueing)
     first_token_time: float | None = None  # when its first token was sampled (the end of its prefill)

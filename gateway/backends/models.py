@@ -19,7 +19,7 @@ from gateway.openai.decode import decode_body
 from gateway.state import Gateway
 from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.embeddings_protocol import EmbeddingRequest
-from shared.engine_types import EngineStats
+from shared.engine_types import EngineStats, sum_tiers
 from shared.errors import CtxfuseError, NotFoundError
 from shared.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 
@@ -90,6 +90,7 @@ class ModelsUpstream:
             prefix_hit_tokens=sum(s.prefix_hit_tokens for s in each),
             grammar_cache_hits=sum(s.grammar_cache_hits for s in each),
             grammar_cache_misses=sum(s.grammar_cache_misses for s in each),
+            kv_tiers=sum_tiers([t for s in each for t in s.kv_tiers]),
         )
 
     def dead_reason(self) -> str | None:

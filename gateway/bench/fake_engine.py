@@ -61,6 +61,7 @@ class InstantGeneration:
 class InstantBackend:
     max_model_len = 4096
     hidden_size = 1
+    context_overflow = "error"
 
     def __init__(self) -> None:
         self.model_name = MODEL_NAME

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.openai import structured, structured_result
+from gateway.openai import history, structured, structured_result
 from gateway.openai.constraint_fields import output_constraint
 from gateway.openai.images import Images
 from gateway.openai.logprobs import chat_logprobs
@@ -83,6 +83,12 @@ class ChatPlan:
     logprobs: bool
     structure: Structure | None = None
     image_spans: tuple[ImageSpan, ...] = ()
+    dropped_messages: int = 0  # old turns dropped to fit the context (openai/history.py)
+    dropped_tokens: int = 0
+
+    def usage_tally(self) -> UsageTally:
+        """A tally that starts from what was dropped before the engine saw the prompt."""
+        return UsageTally(truncated_tokens=self.dropped_tokens, truncated_messages=self.dropped_messages)
 
 
 def _structure(
@@ -118,21 +124,30 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
         raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
     structure, grammar, tools = _structure(req)
     messages = message_dicts(req.messages)
-    prompt = backend.encode_chat(messages, tools.tools, tools.choice, req.chat_template_kwargs)
-    prompt_ids = prompt.token_ids
     field, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is None:
         field, max_tokens = "max_tokens", req.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequestError(f"{field} must be at least 1", param=field)
+    fitted = history.chat_prompt(req, backend, messages, tools, max_tokens)
+    prompt = fitted.prompt
+    prompt_ids = prompt.token_ids
     if max_tokens is None:  # as OpenAI: up to the context the prompt leaves
         max_tokens = backend.default_max_tokens(len(prompt_ids))
-    elif max_tokens < 1:
-        raise InvalidRequestError(f"{field} must be at least 1", param=field)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
     params.grammar = grammar
     params.constrained_logprobs = structure is not None and structure.confidence
     backend.check(prompt_ids, params)
-    return ChatPlan(prompt_ids, params, req.logprobs, structure, prompt.image_spans)
+    return ChatPlan(
+        prompt_ids,
+        params,
+        req.logprobs,
+        structure,
+        prompt.image_spans,
+        dropped_messages=fitted.dropped_messages,
+        dropped_tokens=fitted.dropped_tokens,
+    )
 
 
 def text_chars(messages: list[ChatMessage]) -> int:
@@ -148,9 +163,11 @@ def text_chars(messages: list[ChatMessage]) -> int:
 
 async def prepare(req: ChatCompletionRequest, backend: Backend, images: Images) -> ChatPlan:
     """plan_chat after the request's image_url parts have become features. A text too long for the
-    context is refused by its size first; the template, tokenizing and schema compilation run on a
-    worker thread, so a big prompt never holds up the event loop."""
-    backend.check_text_size(text_chars(req.messages))
+    context is refused by its size first (of what cannot be dropped, when old turns may be); the
+    template, tokenizing and schema compilation run on a worker thread, so a big prompt never holds
+    up the event loop."""
+    may_drop = history.drops_old_turns(req, backend)
+    backend.check_text_size(text_chars(history.kept_messages(req.messages) if may_drop else req.messages))
     if count := await images.resolve(req.messages):
         annotate(images=count)
     return await asyncio.to_thread(plan_chat, req, backend)
@@ -188,7 +205,7 @@ def _message(plan: ChatPlan, c: ChoiceResult, reply: Reply, backend: Backend) ->
 async def whole_response(
     gen: Generation, plan: ChatPlan, reply: Reply, meter: RequestMeter, backend: Backend
 ) -> ChatCompletion:
-    tally = UsageTally()
+    tally = plan.usage_tally()
     try:
         choices = await collect(gen, meter, tally, reply.eos_ids)
     finally:

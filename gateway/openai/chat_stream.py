@@ -17,7 +17,6 @@ from gateway.openai.chat import ChatPlan
 from gateway.openai.logprobs import chat_logprobs
 from gateway.openai.results import (
     Reply,
-    UsageTally,
     annotate_usage,
     choice_failure,
     metered,
@@ -111,7 +110,7 @@ async def chunks(
     backend: Backend,
 ) -> AsyncIterator[ChatCompletionChunk]:
     """The stream's chunks up to its end ([DONE] is the encoder's: sse_chunks); a failure raises."""
-    tally = UsageTally()
+    tally = plan.usage_tally()
     texts: dict[int, str] = {}
     states = {i: _StructuredChoice(plan.structure, backend) for i in range(plan.params.n) if plan.structure}
     try:

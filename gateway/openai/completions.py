@@ -87,6 +87,11 @@ def plan_completion(req: CompletionRequest, backend: Backend) -> CompletionPlan:
         raise InvalidRequestError("suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+    if req.ctxfuse is not None and req.ctxfuse.drop_old_turns:
+        raise InvalidRequestError(
+            "ctxfuse.drop_old_turns drops turns of a chat; a completion's prompt has none",
+            param="ctxfuse.drop_old_turns",
+        )
     prompts = _prompt_ids(req, backend)
     max_tokens = req.max_tokens
     if max_tokens is None:

@@ -206,6 +206,8 @@ def chat_body(req: ResponsesRequest, items: list[Item]) -> bytes:
         body["tool_choice"] = req.tool_choice
     elif req.tool_choice is not None:
         body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
+    if req.truncation is not None:  # auto: drop the oldest turns to fit; disabled: refuse instead
+        body["ctxfuse"] = {"drop_old_turns": req.truncation == "auto"}
     if req.stream:  # usage arrives on the last chunk, for response.completed
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
@@ -247,6 +249,7 @@ class Draft:
             tool_choice=req.tool_choice or "auto",
             tools=req.tools or [],
             top_p=req.top_p,
+            truncation=req.truncation or "disabled",
             usage=usage,
             user=req.user,
             top_logprobs=req.top_logprobs,
@@ -263,9 +266,14 @@ class Draft:
 
 
 def usage_of(usage: Usage) -> ResponseUsage:
+    details = usage.prompt_tokens_details
     return ResponseUsage(
         input_tokens=usage.prompt_tokens,
-        input_tokens_details=InputTokensDetails(cached_tokens=usage.prompt_tokens_details.cached_tokens),
+        input_tokens_details=InputTokensDetails(
+            cached_tokens=details.cached_tokens,
+            truncated_tokens=details.truncated_tokens,
+            truncated_messages=details.truncated_messages,
+        ),
         output_tokens=usage.completion_tokens,
         output_tokens_details=OutputTokensDetails(),
         total_tokens=usage.total_tokens,

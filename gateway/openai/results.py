@@ -30,11 +30,13 @@ class ChoiceResult:
 
 @dataclass(slots=True)
 class UsageTally:
-    """Prompt tokens count once per prompt (its n choices share its blocks); outputs per choice."""
+    """Prompt tokens count once per prompt (its n choices share its blocks); outputs per choice. A
+    chat's dropped old turns (gateway/openai/history.py) start the truncated counts."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
     truncated_tokens: int = 0
+    truncated_messages: int = 0
     completion_tokens: int = 0
     _prompts: set[int] = field(default_factory=set)
 
@@ -57,7 +59,9 @@ class UsageTally:
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
             prompt_tokens_details=PromptTokensDetails(
-                cached_tokens=self.cached_tokens, truncated_tokens=self.truncated_tokens
+                cached_tokens=self.cached_tokens,
+                truncated_tokens=self.truncated_tokens,
+                truncated_messages=self.truncated_messages,
             ),
         )
 
@@ -127,6 +131,7 @@ def annotate_usage(tally: UsageTally) -> None:
         completion_tokens=tally.completion_tokens,
         cached_tokens=tally.cached_tokens,
         truncated_tokens=tally.truncated_tokens,
+        truncated_messages=tally.truncated_messages,
     )
 
 

@@ -58,6 +58,39 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "ctxfuse_grammar_compilations", "Grammars compiled (grammar cache misses)", s.grammar_cache_misses
         )
+        if s.kv_tiers:
+            yield from _tier_metrics(s)
+
+
+_TIER_GAUGES = (
+    ("ctxfuse_kv_tier_blocks", "KV blocks held in a tier below the device pool", "blocks"),
+    ("ctxfuse_kv_tier_bytes", "Bytes held in a KV tier", "bytes"),
+    ("ctxfuse_kv_tier_capacity_bytes", "A KV tier's bound in bytes", "capacity_bytes"),
+)
+_TIER_COUNTERS = (
+    ("ctxfuse_kv_tier_hits", "Prefix blocks found in a KV tier", "hits"),
+    ("ctxfuse_kv_tier_misses", "Prefix blocks looked up in a KV tier and not found", "misses"),
+    ("ctxfuse_kv_tier_promotions", "Blocks brought back from a KV tier to the device pool", "promotions"),
+    ("ctxfuse_kv_tier_demotions", "Blocks put in a KV tier", "demotions"),
+    ("ctxfuse_kv_tier_load_seconds", "Time reading KV tier blocks and copying them back", "load_seconds"),
+    ("ctxfuse_kv_tier_write_errors", "Disk tier writes that failed (full, read-only)", "write_errors"),
+    ("ctxfuse_kv_tier_writes_dropped", "Disk tier writes dropped (writer behind)", "writes_dropped"),
+    ("ctxfuse_kv_tier_corrupt_blocks", "Damaged disk tier blocks found (deleted, recomputed)", "corrupt"),
+)
+
+
+def _tier_metrics(s: EngineStats) -> Iterator[Metric]:
+    """Per tier (label `tier`: host, disk): what it holds and what moved through it."""
+    for name, doc, field in _TIER_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["tier"])
+        for t in s.kv_tiers:
+            g.add_metric([t.tier], getattr(t, field))
+        yield g
+    for name, doc, field in _TIER_COUNTERS:
+        c = CounterMetricFamily(name, doc, labels=["tier"])
+        for t in s.kv_tiers:
+            c.add_metric([t.tier], getattr(t, field))
+        yield c
 
 
 class Metrics:

@@ -239,6 +239,7 @@ class _PhasedBackend:
         self.max_model_len = inner.max_model_len
         self.hidden_size = inner.hidden_size
         self.tokenizer = inner.tokenizer
+        self.context_overflow = inner.context_overflow
 
     async def submit(
         self,

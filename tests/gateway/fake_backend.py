@@ -34,6 +34,7 @@ class FakeBackend:
     tokenizer: Tokenizer
     model_name: str = "fake"
     max_model_len: int = 2048
+    context_overflow: str = "error"
     script: list[RequestOutput] = field(default_factory=list)
     queue_full: bool = False
     generations: list[ScriptedGeneration] = field(default_factory=list)

@@ -9,19 +9,29 @@ full blocks hold which token prefix.
 - "Does not fit" is a value: `allocate` returns None and changes nothing.
 - With an event log (block_events.py), every change to `cached` is reported to it as it happens:
   a hash entering is "stored", a hash leaving is "evicted".
+- With tiers below it (kv/tiers/offload.py), the blocks an allocation is about to reuse are handed
+  to them first, while their KV is intact, and every hash entering `cached` is reported.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shared.block_hash import BlockHash
 
 if TYPE_CHECKING:
     from cloud.engine.kv.block_events import BlockEventLog
+
+
+class Tiers(Protocol):
+    """What lies below the pool (kv/tiers/offload.py KVTiers)."""
+
+    def stored(self, block_hash: BlockHash, block_id: int) -> None: ...
+    def evicting(self, blocks: list[tuple[BlockHash, int]]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -43,6 +53,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[BlockHash, int] = {}  # block hash -> block id
         self.events = events  # told of every hash that enters or leaves `cached`
+        self.tiers: Tiers | None = None  # handed the cached blocks an allocation reuses
 
     @property
     def num_free(self) -> int:
@@ -68,6 +79,8 @@ class BlockPool:
         """n fresh blocks with one reference each, evicting least recently freed ones; None if too few."""
         if n > len(self._free):
             return None
+        if self.tiers is not None:
+            self._spill(n)
         out = []
         for _ in range(n):
             bid, _ = self._free.popitem(last=False)
@@ -81,6 +94,27 @@ class BlockPool:
             block.ref_count = 1
             out.append(bid)
         return out
+
+    def _spill(self, n: int) -> None:
+        """Hand the cached blocks among the next n to be reused to the tiers below."""
+        going = []
+        for bid in itertools.islice(self._free, n):
+            h = self.blocks[bid].block_hash
+            if h is not None and self.cached.get(h) == bid:
+                going.append((h, bid))
+        if going and self.tiers is not None:
+            self.tiers.evicting(going)
+
+    def forget(self, block_ids: Sequence[int]) -> None:
+        """Take the blocks' hashes out of the prefix cache (their bytes are not what the hashes name)."""
+        for bid in block_ids:
+            block = self.blocks[bid]
+            h = block.block_hash
+            block.block_hash = None
+            if h is not None and self.cached.get(h) == bid:
+                del self.cached[h]
+                if self.events is not None:
+                    self.events.evicted(h)
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block. Pass a request's blocks in order: the tail is queued
@@ -103,5 +137,8 @@ class BlockPool:
         block.block_hash = block_hash
         # If another block already caches this prefix, keep the first: both hold the same KV. (No entry
         # names this block yet, its hash was None: getting its id back means the hash went in now.)
-        if self.cached.setdefault(block_hash, block_id) == block_id and self.events is not None:
-            self.events.stored(block_hash)
+        if self.cached.setdefault(block_hash, block_id) == block_id:
+            if self.events is not None:
+                self.events.stored(block_hash)
+            if self.tiers is not None:
+                self.tiers.stored(block_hash, block_id)

@@ -96,6 +96,17 @@ class KVCache:
         """Stored slots back to the run dtype (x's KV heads on `head_axis`); the identity here."""
         return x
 
+    def block_parts(self) -> list[torch.Tensor]:
+        """Every tensor that holds per-block state, each indexed by block id on axis 1: what a block
+        is, for a tier that moves it out of the cache and back (kv/tiers/records.py)."""
+        parts = [t for layer in range(len(self.k)) for t in self.blocks_view(layer)]
+        if self.summaries is not None:
+            parts += self.summaries.kmin + self.summaries.kmax
+        return parts
+
+    def blocks_loaded(self, block_ids: list[int]) -> None:
+        """Blocks were written whole from a tier (nothing to do here: a slot holds all it needs)."""
+
     def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per block key min and max: [kv_heads, num_blocks, d] fp16 each."""
         if self.summaries is None:

@@ -1,20 +1,29 @@
 """Maps requests to blocks: finds a request's cached prefix, allocates the blocks a step needs,
 registers newly full blocks in the prefix cache, and frees a request's blocks.
 
-The block pool owns the blocks; this owns each request's `block_ids` and `block_hashes`.
+The block pool owns the blocks; this owns each request's `block_ids` and `block_hashes`. With tiers
+below the pool (kv/tiers/offload.py), a prefix lookup goes on through them past the pool's last hit.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cloud.engine.kv.block_pool import BlockPool
 from cloud.engine.request import Request
-from shared.block_hash import hash_block
+from shared.block_hash import BlockHash, hash_block
+
+if TYPE_CHECKING:
+    import torch
+
+    from cloud.engine.kv.tiers.offload import KVTiers
 
 
 class KVManager:
     def __init__(self, pool: BlockPool, block_size: int) -> None:
         self.pool = pool
         self.block_size = block_size
+        self.tiers: KVTiers | None = None
 
     def _extend_hashes(self, req: Request) -> list[bytes]:
         bs = self.block_size
@@ -46,7 +55,54 @@ class KVManager:
             if bid is None:
                 break
             hits.append(bid)
+        if self.tiers is not None and len(hits) < limit:
+            hits += self._promote(hashes[len(hits) : limit], hits)
         return hits
+
+    def prefetch(self, req: Request) -> None:
+        """Have the tiers start reading what the request's prefix needs from disk, while it waits."""
+        if self.tiers is None or req.params.prompt_logprobs is not None or req.sliding:
+            return
+        hashes = self._extend_hashes(req)[: (req.num_tokens - 1) // self.block_size]
+        hit = 0
+        while hit < len(hashes) and self.pool.lookup(hashes[hit]) is not None:
+            hit += 1
+        self.tiers.prefetch(hashes[hit:])
+
+    def _promote(self, hashes: list[BlockHash], held: list[int]) -> list[int]:
+        """The blocks continuing a prefix past the pool's hits (`held`): from the pool where it has
+        them, else brought back from a tier into fresh pool blocks, up to the first block found
+        nowhere or as many as the pool has free. They come back unreferenced, as cached blocks do."""
+        tiers, pool = self.tiers, self.pool
+        assert tiers is not None
+        pool.touch(held)  # making room must not evict the prefix found so far
+        chain: list[int | None] = []  # the continuation: a pool block, or None for the next record
+        records: list[tuple[BlockHash, torch.Tensor]] = []
+        try:
+            for h in hashes:
+                bid = pool.lookup(h)
+                if bid is not None:
+                    pool.touch([bid])
+                    chain.append(bid)
+                    continue
+                if len(records) >= pool.num_free:
+                    break
+                record = tiers.fetch(h)
+                if record is None:
+                    break
+                records.append((h, record))
+                chain.append(None)
+            if records:
+                fresh = pool.allocate(len(records)) or []  # (demotes what it evicts to make room)
+                tiers.promote(fresh, [r for _, r in records])  # bytes copied in at the step's start
+                for bid, (h, _) in zip(fresh, records, strict=True):
+                    pool.cache(bid, h)
+                it = iter(fresh)
+                chain = [next(it) if b is None else b for b in chain]
+        finally:
+            pool.free([b for b in chain if b is not None])  # each referenced once above
+            pool.free(held)
+        return [b for b in chain if b is not None]
 
     def allocate(self, req: Request, num_new_tokens: int, cached: list[int] | None = None) -> bool:
         """Give the request blocks for `num_new_tokens` more tokens (after taking `cached` prefix blocks).

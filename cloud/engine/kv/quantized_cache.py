@@ -219,6 +219,16 @@ class QuantizedKVCache:
         self.vscale[layer][:, blocks] = scale
         self.vzero[layer][:, blocks] = zero
 
+    def block_parts(self) -> list[torch.Tensor]:
+        """As KVCache.block_parts: a complete block is its codes, value scales and zero points, and
+        its key bounds (the key scales). Only complete blocks leave for a tier (registered ones)."""
+        return [*self.kq, *self.vq, *self.vscale, *self.vzero, *self.summaries.kmin, *self.summaries.kmax]
+
+    def blocks_loaded(self, block_ids: list[int]) -> None:
+        """Blocks written whole from a tier are complete: a stale staging slot of theirs goes."""
+        for b in block_ids:
+            self._release(b)
+
     # -- reading ----------------------------------------------------------------------------
 
     def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

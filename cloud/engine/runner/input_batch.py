@@ -4,7 +4,8 @@ across steps and updated incrementally, so a step uploads only what changed.
 A row holds what the runner was told when the request was admitted (scheduler.NewRequestData) and
 the tokens it sampled since: the runner never reads the scheduler's mutable Request. On the device
 it keeps each row's block table (appended to as blocks are allocated, rewritten only when a
-sliding-window request drops blocks) and its sampling parameters as tensors.
+sliding-window request drops blocks or a pruned one trades its prompt's blocks for the kept tokens')
+and its sampling parameters as tensors.
 
 Invariant: for every live row, `block_table[row, :len(blocks[row])]` on the device equals
 `blocks[row]` once the step's pending table writes are applied (they travel in the step's single
@@ -26,6 +27,9 @@ class InputBatch:
         self._free = list(range(max_rows - 1, -1, -1))
         self.state: list[SampleRow | None] = [None] * max_rows
         self.sliding = [False] * max_rows
+        # tokens a row's prompt pruning gave up (kv/prune_plan.py): its positions run ahead of its
+        # cache by that many, its block_ids start with that many blocks' -1 (0: not pruned)
+        self.pruned = [0] * max_rows
         self.blocks: list[list[int]] = [[] for _ in range(max_rows)]  # what each table row holds
         self.block_table = torch.zeros(max_rows, max_blocks, dtype=torch.int32, device=device)
         # sampling parameters: (temperature, top_p, min_p) fp32 and (top_k, seed) int64 per row
@@ -61,14 +65,15 @@ class InputBatch:
             request_id, new.params, new.grammar, list(new.token_ids), new.num_prompt_tokens
         )
         self.sliding[row] = new.sliding
+        self.pruned[row] = 0
         self._new_params[row] = param_row(new.params)
         return row
 
     def set_blocks(self, row: int, block_ids: list[int]) -> list[int]:
         """Bring the row's table up to the request's blocks; returns the live blocks in position
-        order (a sliding-window request's dropped blocks, -1, left out)."""
+        order (the blocks a sliding-window or pruned request dropped, -1, left out)."""
         known = self.blocks[row]
-        if self.sliding[row]:
+        if self.sliding[row] or self.pruned[row]:
             live = [b for b in block_ids if b >= 0]
             if live != known:
                 self._write(row, 0, live)
@@ -108,6 +113,7 @@ class InputBatch:
         self.ints = torch.cat([self.ints, torch.zeros_like(self.ints)])
         self.state += [None] * n
         self.sliding += [False] * n
+        self.pruned += [0] * n
         self.blocks += [[] for _ in range(n)]
         self._free = list(range(2 * n - 1, n - 1, -1))
 

@@ -11,10 +11,16 @@ Per step (decode rows first, then prefill chunks):
    cuda_graphs.py), the sampler picks tokens on the device, and `tolist()` brings them back: the
    step's one synchronisation.
 The runner never reads the scheduler's Request: what it needs arrived in NewRequestData.
+
+KV pruning (kv/prune.py, kv/prune_plan.py): while a request whose prompt exceeds the prune budget computes its
+prompt's last OBSERVATION_WINDOW positions, the runner keeps their queries (every layer's); when the
+scheduler then sends its PruneOrder, the kept keys and values are copied before the step's forward,
+and the row attends over its pruned cache from then on (its positions run on from the prompt's end).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,11 +34,15 @@ from cloud.engine.attention.dense import (
     PrefillSeq,
 )
 from cloud.engine.attention.window import with_windows
+from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.prune import compact
+from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, PruneOrder, prunes
 from cloud.engine.runner.cuda_graphs import CudaGraphs
 from cloud.engine.runner.input_batch import InputBatch
 from cloud.engine.sampling.sampler import Sampler, SampleRow, SamplingBatch
 from cloud.engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
 from cloud.model.causal_lm import CausalLM
+from cloud.model.llama import StepAttention
 from shared.engine_types import SampleResult
 
 
@@ -51,6 +61,8 @@ class StepInputs:
     slots_host: torch.Tensor  # [tokens] the KV slots, on the host (quantized caches plan from them)
     max_position: int
     decode_batch_rows: list[int] = field(default_factory=list)  # input-batch rows of the decode rows
+    # (request id, first step row, rows): prompt positions whose queries pruning scores with
+    observe: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -63,6 +75,7 @@ class ModelRunner:
         sink_blocks: int = 0,
         max_num_seqs: int = 32,
         max_model_len: int = 8192,
+        prune_budget: int | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -76,13 +89,17 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, -(-max_model_len // self.block_size) + 1, self.device)
         self.pin = self.device.type == "cuda"
         self.graphs: CudaGraphs | None = None  # set when decode steps replay captured graphs
+        # run at the start of each step, after its prune copies (KV tiers' pending loads: kv/tiers)
+        self.before_forward: Callable[[], None] | None = None
+        self.prune_budget = prune_budget
+        # request id -> its observation window's queries so far, pieces of [layers, rows, heads, d]
+        self._observed: dict[str, list[torch.Tensor]] = {}
 
     # -- the input batch --------------------------------------------------------------------
 
     def _update_batch(self, out: SchedulerOutput) -> list[tuple[ScheduledChunk, int]]:
         """Rows in and out, tables up to date; each chunk with its batch row."""
-        for rid in out.finished + out.preempted:
-            self.batch.remove(rid)
+        self._drop(out)
         placed = []
         for c in out.chunks:
             row = self.batch.add(c.request_id, c.new) if c.new is not None else self.batch.rows[c.request_id]
@@ -91,8 +108,16 @@ class ModelRunner:
         self.batch.flush_params()
         return placed
 
+    def _drop(self, out: SchedulerOutput) -> None:
+        for rid in out.finished + out.preempted:
+            self.batch.remove(rid)
+            self._observed.pop(rid, None)
+
     def _dropped(self, c: ScheduledChunk, row: int) -> int:
-        """Tokens a sliding-window request dropped between its sinks and its window (0: none)."""
+        """Tokens a sliding-window request dropped between its sinks and its window, or a pruned one
+        before its kept tokens: what its positions run ahead of its cache (0: none)."""
+        if self.batch.pruned[row]:
+            return self.batch.pruned[row]
         if not self.batch.sliding[row] or -1 not in c.block_ids:
             return 0
         live = [i for i, b in enumerate(c.block_ids) if b >= 0]
@@ -114,8 +139,10 @@ class ModelRunner:
             ids.extend(c.token_ids)
             pos.append(p)
             slots.append(blocks[p // bs] * bs + p % bs)
-        shifts = [self._dropped(c, row) for c, row in decode]
-        ctx = [c.start_pos + 1 - dropped for (c, _), dropped in zip(decode, shifts, strict=True)]
+        drops = [self._dropped(c, row) for c, row in decode]
+        ctx = [c.start_pos + 1 - dropped for (c, _), dropped in zip(decode, drops, strict=True)]
+        # a sliding row's sinks are rotated on by what it dropped; a pruned row's keys stay as cached
+        shifts = [d if self.batch.sliding[row] else 0 for (_, row), d in zip(decode, drops, strict=True)]
         logits_rows, sample_rows, sample_index, prompt_rows = self._logit_rows(decode + prefill)
         steps = [len(r.token_ids) - r.num_prompt_tokens for r in sample_rows]
         seqs_host = []
@@ -124,7 +151,8 @@ class ModelRunner:
             n = len(c.token_ids)
             dropped = self._dropped(c, row)
             start = c.start_pos - dropped  # in the compacted context: sinks, then the window
-            seqs_host.append((row_at, n, start, row, -(-(start + n) // bs), dropped))
+            shift = dropped if self.batch.sliding[row] else 0
+            seqs_host.append((row_at, n, start, row, -(-(start + n) // bs), shift))
             row_at += n
         writes = self.batch.take_table_writes()
         parts = {
@@ -189,6 +217,7 @@ class ModelRunner:
             torch.tensor(parts["slots"], dtype=torch.long),
             max(int(p[-1]) for p in pos),
             [row for _, row in decode],
+            self._observation_rows(decode + prefill),
         )
 
     def _logit_rows(
@@ -215,6 +244,21 @@ class ModelRunner:
             at += n
         return rows + [r for _, r, _ in prompt], sampled, index, prompt
 
+    def _observation_rows(self, ordered: list[tuple[ScheduledChunk, int]]) -> list[tuple[str, int, int]]:
+        """(request id, first step row, rows) of the prompt's last OBSERVATION_WINDOW positions,
+        for each request that will be pruned and computes some of them this step."""
+        found = []
+        at = 0
+        for c, row in ordered:
+            state = self.batch.state[row]
+            n = len(c.token_ids)
+            p = 0 if state is None or self.batch.pruned[row] else state.num_prompt_tokens
+            lo, hi = max(c.start_pos, p - OBSERVATION_WINDOW), min(c.start_pos + n, p)
+            if prunes(p, self.prune_budget) and lo < hi:
+                found.append((c.request_id, at + lo - c.start_pos, hi - lo))
+            at += n
+        return found
+
     def _upload(self, parts: dict[str, list[int]]) -> dict[str, torch.Tensor]:
         """Every list as an int64 tensor on the device, from one packed host buffer and one copy."""
         sizes = [len(v) for v in parts.values()]
@@ -231,9 +275,11 @@ class ModelRunner:
         """Compute the step: the sampled token of every chunk that reached its end, and the prompt
         logprobs of chunks whose request asked for them."""
         result = StepResult()
+        self._prune(out.prunes)
+        if self.before_forward is not None:  # blocks brought back from the KV tiers (after the prunes)
+            self.before_forward()
         if not out.chunks:
-            for rid in out.finished + out.preempted:
-                self.batch.remove(rid)
+            self._drop(out)
             return result
         step = self.prepare(out)
         self.cache.begin_step(step.slots_host, step.meta.slot_mapping)
@@ -265,10 +311,50 @@ class ModelRunner:
         return result
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.can_run(step):
+        if self.graphs is not None and not step.observe and self.graphs.can_run(step):
             return self.graphs.run(step)
-        bound = BoundAttention(self.attention, self.cache, step.meta)
-        return self.model.forward(step.input_ids, step.positions, bound, step.logits_rows, step.max_position)
+        bound: StepAttention = BoundAttention(self.attention, self.cache, step.meta)
+        if not step.observe:
+            return self.model.forward(
+                step.input_ids, step.positions, bound, step.logits_rows, step.max_position
+            )
+        rows = torch.cat([torch.arange(r, r + n) for _, r, n in step.observe]).to(self.device)
+        seen = _Observer(bound, rows)
+        logits = self.model.forward(step.input_ids, step.positions, seen, step.logits_rows, step.max_position)
+        queries = torch.stack(seen.queries)  # [layers, observed rows, heads, d]
+        counts = [n for _, _, n in step.observe]
+        for (rid, _, _), part in zip(step.observe, queries.split(counts, dim=1), strict=True):
+            self._observed.setdefault(rid, []).append(part)
+        return logits
+
+    def _prune(self, orders: list[PruneOrder]) -> None:
+        """Copy each order's kept KV into its fresh blocks (before the step's forward: the prompt's
+        blocks may be another request's from this step on)."""
+        for order in orders:
+            pieces = self._observed.pop(order.request_id, [])
+            row = self.batch.rows.get(order.request_id)
+            queries = torch.cat(pieces, dim=1) if pieces else None  # [layers, W, heads, d]
+            if row is None or queries is None or queries.shape[1] != OBSERVATION_WINDOW:
+                raise RuntimeError(
+                    f"request {order.request_id} is due for pruning without its window's queries"
+                )
+            if not isinstance(self.cache, KVCache):
+                raise RuntimeError("KV pruning needs a full-precision KV cache")
+            compact(self.cache, order, queries.unbind(0), self.model.config.head_dim**-0.5)
+            self.batch.pruned[row] = order.num_prompt_tokens - order.num_kept
+
+
+class _Observer:
+    """The step's attention, keeping each layer's queries at the observed rows (pruning's scores)."""
+
+    def __init__(self, inner: StepAttention, rows: torch.Tensor) -> None:
+        self.inner = inner
+        self.rows = rows  # [observed] rows of the step
+        self.queries: list[torch.Tensor] = []  # per layer: [observed, heads, d]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.queries.append(q.index_select(0, self.rows))
+        return self.inner(layer, q, k, v)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cloud.engine.kv.prune_plan import PruneLimit
 from cloud.engine.scheduling.overflow import OverflowPolicy
 from shared.engine_types import SamplingParams, check_text_size
 from shared.errors import ContextLengthExceededError, InvalidRequestError
@@ -17,6 +18,7 @@ class Admission:
     vocab_size: int
     max_model_len: int
     overflow: OverflowPolicy
+    prune: PruneLimit | None = None  # with --kv-prune-budget: the prompts whose pruning fits the pool
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         return self.overflow.default_max_tokens(num_prompt_tokens)
@@ -33,6 +35,8 @@ class Admission:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError("the prompt holds a token id outside the vocabulary", param="prompt")
+        if self.prune is not None:
+            self.prune.check(n)
         limit = self.max_model_len
         if self.overflow.any_length:
             return

@@ -8,6 +8,9 @@
   recent blocks. Between steps such a request holds at most `ring_blocks` blocks, which leaves room
   for one step's chunk, so it never holds more KV than one context. The attention side (sink keys
   rotated to their in-cache distance) is in attention.py; the ring itself in kv_manager.py.
+- drop_old_turns: a chat drops whole old turns before it is tokenized for the engine, where it is
+  rendered (cloud/text/history.py, gateway/openai/history.py); the engine sees only token ids, so
+  here it is error: a prompt that still does not fit is refused.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ prompt still takes the whole budget. When the pool runs out of blocks, the runni
 that would be served last is preempted: its blocks are freed and its progress counter drops to 0,
 so it later recomputes (mostly from the prefix cache). The scheduler never touches tensors: it
 returns which requests compute which tokens into which blocks.
+
+With a prune budget (kv/prune_plan.py), a request whose prompt is longer than the budget computes
+its prompt (its last chunk stops at the prompt's end) and, on the next step it is scheduled, trades
+the prompt's blocks for fresh ones holding the kept tokens: the scheduler allocates them and
+releases the prompt's (cached, they stay in the prefix cache), and tells the runner to copy (a
+PruneOrder). Such a request is admitted only while the pool holds its peak, prompt and kept blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from cloud.engine.kv.block_pool import BlockPool
 from cloud.engine.kv.manager import KVManager
+from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, PruneOrder, num_dropped_blocks, num_kept, prunes
 from cloud.engine.request import FinishReason, Request, RequestStatus
 from shared.engine_types import SamplingParams
 from shared.errors import QueueFullError
@@ -41,6 +48,8 @@ class SchedulerConfig:
     # when another request could use the step, a prefill computes at most this many tokens of it
     # (0: no cap), so one long prompt cannot hold a step's whole budget while short ones wait
     long_prefill_tokens: int = 0
+    # a prompt longer than this keeps this many tokens' KV at most once computed (None: no pruning)
+    prune_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)  # ended since the last step (the runner drops them)
+    prunes: list[PruneOrder] = field(default_factory=list)  # carried out before the step's forward
 
     @property
     def num_tokens(self) -> int:
@@ -137,6 +147,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
+        req.pruned = False  # it recomputes its prompt in full, then prunes again
         req.num_preemptions += 1
         self.num_preemptions += 1
         req.status = RequestStatus.WAITING
@@ -171,12 +182,14 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget, cap)
-            while not self.kv.allocate(req, num_new):
+            start = req.num_computed_tokens
+            num_new = self._until_prune(req, start, min(req.num_tokens - start, budget, cap))
+            while not (self._prune(req, out) and self.kv.allocate(req, num_new)):
                 # the lowest-priority request not yet handed out this step (req itself qualifies)
                 victim = max((r for r in self.running if id(r) not in scheduled), key=self._order)
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
+                out.prunes = [p for p in out.prunes if p.request_id != victim.request_id]
                 if victim is req:
                     break
             else:
@@ -195,9 +208,12 @@ class Scheduler:
             if sib is not None and not sib.is_finished and sib.num_computed_tokens < sib.num_prompt_tokens:
                 continue  # its sibling's prompt blocks will be in the cache soon: share them
             cached = self.kv.cached_prefix(req)
+            if prunes(req.num_prompt_tokens, self.config.prune_budget):
+                # the observation window's queries are computed, never taken from the cache
+                cached = cached[: (req.num_prompt_tokens - OBSERVATION_WINDOW) // self.kv.block_size]
             num_cached = len(cached) * self.kv.block_size
-            num_new = min(req.num_tokens - num_cached, budget, cap)
-            if not self.kv.allocate(req, num_new, cached):
+            num_new = self._until_prune(req, num_cached, min(req.num_tokens - num_cached, budget, cap))
+            if not self._peak_fits(req, cached) or not self.kv.allocate(req, num_new, cached):
                 return  # no room now; later requests wait too, so the head is not starved
             self.waiting.remove(req)
             req.num_computed_tokens = num_cached
@@ -212,6 +228,46 @@ class Scheduler:
             out.chunks.append(self._chunk(req, num_new, admitted=True))
             budget -= num_new
 
+    def _until_prune(self, req: Request, start: int, num_new: int) -> int:
+        """num_new tokens from `start`, cut so that a prompt to be pruned ends a chunk (its outputs,
+        after a preemption, are computed over the pruned cache, as they were the first time)."""
+        end = req.num_prompt_tokens
+        if req.pruned or start >= end or not prunes(end, self.config.prune_budget):
+            return num_new
+        return min(num_new, end - start)
+
+    def _peak_fits(self, req: Request, cached: list[int]) -> bool:
+        """Whether the pool now holds what a request to be pruned takes at its peak (the rest of its
+        prompt's blocks and the kept tokens' at once); True for any other request."""
+        budget, p = self.config.prune_budget, req.num_prompt_tokens
+        if budget is None or not prunes(p, budget):
+            return True
+        bs = self.kv.block_size
+        revived = sum(1 for b in cached if self.pool.blocks[b].ref_count == 0)
+        need = -(-p // bs) - len(cached) + revived + -(-num_kept(p, budget, bs) // bs)
+        return need <= self.pool.num_free
+
+    def _prune(self, req: Request, out: SchedulerOutput) -> bool:
+        """Prune the request's prompt if it is due (computed in full, not pruned yet): fresh blocks
+        for the kept tokens, the prompt's released. False, changing nothing, when the pool cannot
+        give the fresh blocks."""
+        budget, p = self.config.prune_budget, req.num_prompt_tokens
+        if budget is None or not prunes(p, budget) or req.pruned or req.num_computed_tokens < p:
+            return True
+        bs = self.kv.block_size
+        dropped, kept = num_dropped_blocks(p, budget, bs), num_kept(p, budget, bs)
+        fresh = self.pool.allocate(-(-kept // bs))
+        if fresh is None:
+            return False
+        old = [b for b in req.block_ids if b >= 0]  # the prompt's: it has computed nothing more
+        # the runner copies from `old` before this step's forward writes anything: they may go to
+        # another request in this very step
+        self.pool.free(old)
+        req.block_ids = [-1] * dropped + fresh
+        req.pruned = True
+        out.prunes.append(PruneOrder(req.request_id, old, fresh, p, kept))
+        return True
+
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[TokenEvent]:
         """Advance progress counters after the runner computed `out`; record sampled tokens."""
         events = []
@@ -220,7 +276,8 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
                 continue
             req.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
-            self.kv.register_full_blocks(req)
+            if not req.pruned:  # a pruned request's blocks do not hold its tokens' hash chain
+                self.kv.register_full_blocks(req)
             if req.sliding:
                 self.kv.slide(req, self.config.sink_blocks, self.config.ring_blocks)
             token = sampled.get(req.request_id)

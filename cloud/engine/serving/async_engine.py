@@ -271,6 +271,8 @@ class AsyncEngine:
             if self._thread.is_alive():
                 self._thread.join(timeout)
             self._grammar_pool.shutdown(wait=False, cancel_futures=True)
+            if not self._thread.is_alive():  # (a step still running owns the core)
+                self.core.close()
 
     # -- engine thread ------------------------------------------------------------------------
 

@@ -90,6 +90,7 @@ class FleetEngine:
         self.model_name = side.model
         self.max_model_len = side.max_model_len or fleet.max_model_len() or 0
         self.hidden_size = side.hidden_size
+        self.context_overflow = side.context_overflow
         self.tokenizer = tokenizer
         self.template = template
         self.pinned: str | None = None
@@ -103,7 +104,7 @@ class FleetEngine:
     # -- planning (no worker asked) ----------------------------------------------------------------
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
-        return default_max_tokens(self.side.context_overflow, self.max_model_len, num_prompt_tokens)
+        return default_max_tokens(self.context_overflow, self.max_model_len, num_prompt_tokens)
 
     def encode_chat(
         self,
@@ -117,9 +118,7 @@ class FleetEngine:
         )
 
     def check_text_size(self, num_chars: int) -> None:
-        check_text_size(
-            self.side.context_overflow, self.max_model_len, num_chars, self.tokenizer.max_token_bytes
-        )
+        check_text_size(self.context_overflow, self.max_model_len, num_chars, self.tokenizer.max_token_bytes)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """What needs no engine; the worker checks the context and compiles the grammar (its refusal

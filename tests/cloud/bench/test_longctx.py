@@ -46,6 +46,20 @@ def test_engine_config_disables_prefix_caching_and_pins_the_block_size() -> None
     assert (dense.attention, dense.kv_dtype, dense.block_size) == ("dense", "auto", 16)
 
 
+def test_a_pruned_configuration_runs_one_engine_per_length_with_its_share_as_budget() -> None:
+    groups = plan(CONFIGS["pruned-25"], FULL_GRID)
+    assert [({s.length for s in g.specs}, g.rope_scaling is None, g.max_model_len) for g in groups] == [
+        ({2048}, True, 8192),
+        ({4096}, True, 8192),
+        ({8192}, True, 8192),
+        ({16384}, False, 32768),
+        ({32768}, False, 32768),
+    ]
+    budgets = [engine_config(EngineConfig(), CONFIGS["pruned-10"], g).kv_prune_budget for g in groups]
+    assert budgets == [204, 409, 819, 1638, 3276]
+    assert engine_config(EngineConfig(), CONFIGS["dense"], groups[0]).kv_prune_budget is None
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_longctx_parser(parser.add_subparsers(dest="bench_command"))

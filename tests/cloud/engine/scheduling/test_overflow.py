@@ -38,3 +38,10 @@ def test_unset_max_tokens_leaves_room_for_an_answer_when_the_prompt_is_too_long(
 def test_a_ring_too_small_for_the_sinks_is_refused_at_start() -> None:
     with pytest.raises(InvalidRequestError, match="sliding_window needs a context"):
         OverflowPolicy("sliding_window", 256, 224, 64, 16)
+
+
+def test_drop_old_turns_is_error_to_the_engine_its_turns_went_before_tokenizing() -> None:
+    policy = OverflowPolicy("drop_old_turns", 800, 64, 0, 16)
+    assert policy.fit(list(range(900)), SamplingParams(max_tokens=4)) == (list(range(900)), 0)
+    assert not policy.any_length
+    assert policy.default_max_tokens(790) == 10  # the prompt's room, as under error
