@@ -175,6 +175,7 @@ def _add_keys(p: argparse.ArgumentParser) -> None:
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
     from cloud.bench.gpu_check import add_gpu_check_parser
+    from cloud.bench.kv_layout import add_kv_layout_parser
     from cloud.bench.kv_tiers import add_kv_tiers_parser
     from cloud.bench.longctx import add_longctx_parser
     from cloud.bench.prefill_cap import add_prefill_cap_parser
@@ -206,6 +207,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     add_longctx_parser(bench)
     add_prefill_cap_parser(bench)
     add_kv_tiers_parser(bench)
+    add_kv_layout_parser(bench)
     add_structured_parser(bench)
     add_schemas_parser(bench)
     add_edge_bench_parser(bench)

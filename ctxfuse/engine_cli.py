@@ -230,6 +230,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help=f"waiting requests before new ones are refused (default {d.max_waiting})",
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="keep every layer's KV for every token; by default a model with sliding-window layers "
+        "(Gemma 3) keeps only their window (as vLLM's flag of this name)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +296,7 @@ def _engine_config(args: argparse.Namespace, spec: ModelSpec | None) -> EngineCo
         long_prefill_tokens=args.long_prefill_tokens,
         max_waiting=args.max_queue,
         enable_prefix_caching=not args.no_prefix_caching,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         attention=args.attention,
         sparse=SparseConfig(
             args.sparse_sinks,

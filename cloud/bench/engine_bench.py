@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
+from cloud.bench.report import say
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import load_model
@@ -89,10 +90,6 @@ class Figures:
     prefix_hit_cached_tokens: int | None = None
     peak_rss_mib: float = 0.0  # the process's high-water mark so far (ru_maxrss)
     rss_mib: float = 0.0  # current RSS with the model loaded
-
-
-def _say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def _prompt(rng: random.Random, base: list[int], n: int) -> list[int]:
@@ -188,27 +185,27 @@ def _measure_ours(core: EngineCore, w: Workload, sizes: Sizes) -> Figures:
     for ids in w.prefill:
         t, _ = _first_token(core, f"prefill-{len(ids)}", ids)
         f.prefill_tok_s[str(len(ids))] = len(ids) / t
-        _say(f"ours prefill {len(ids)} tokens: {len(ids) / t:.0f} tok/s ({t:.3f} s)")
+        say(f"ours prefill {len(ids)} tokens: {len(ids) / t:.0f} tok/s ({t:.3f} s)")
     for c, prompts in w.decode.items():
         rate, overhead = _decode_rate(core, prompts, sizes.new_tokens, f"decode-{c}")
         f.decode_tok_s[str(c)] = rate
         if core.device.type == "cpu":
             f.decode_step_overhead_ms[str(c)] = overhead
-        _say(
+        say(
             f"ours decode at concurrency {c}: {rate:.1f} tok/s "
             f"({overhead:.2f} ms per step outside the forward)"
         )
     f.ttft_cold_s, _ = _first_token(core, "doc-cold", w.doc_cold, DOC_ANSWER_TOKENS)
     hit, f.prefix_hit_cached_tokens = _first_token(core, "doc-hit", w.doc_hit, DOC_ANSWER_TOKENS)
     f.ttft_prefix_hit_s, f.ttft_cold_over_hit = hit, f.ttft_cold_s / hit
-    _say(f"ours TTFT on {len(w.doc_cold)} tokens: cold {f.ttft_cold_s:.3f} s, prefix hit {hit:.3f} s")
+    say(f"ours TTFT on {len(w.doc_cold)} tokens: cold {f.ttft_cold_s:.3f} s, prefix hit {hit:.3f} s")
     return f
 
 
 def _load_reference(path: Path) -> GenerationMixin:
     from transformers import AutoModelForCausalLM
 
-    _say(f"loading transformers from {path}")
+    say(f"loading transformers from {path}")
     where, kw = (path, {}) if path.is_dir() else (path.parent, {"gguf_file": path.name})
     return AutoModelForCausalLM.from_pretrained(str(where), dtype=torch.float32, **kw).eval()
 
@@ -231,14 +228,14 @@ def _measure_reference(model: GenerationMixin, w: Workload, sizes: Sizes) -> Fig
     for ids in w.prefill:
         t = _hf_generate(model, [ids], 1)
         f.prefill_tok_s[str(len(ids))] = len(ids) / t
-        _say(f"transformers prefill {len(ids)} tokens: {len(ids) / t:.0f} tok/s ({t:.3f} s)")
+        say(f"transformers prefill {len(ids)} tokens: {len(ids) / t:.0f} tok/s ({t:.3f} s)")
     for c, prompts in w.decode.items():
         # count what ours counts: every token but each request's first, net of the prefill behind it
         t_n, t_1 = _hf_generate(model, prompts, sizes.new_tokens), _hf_generate(model, prompts, 1)
         f.decode_tok_s[str(c)] = c * (sizes.new_tokens - 1) / (t_n - t_1)
-        _say(f"transformers decode at concurrency {c}: {f.decode_tok_s[str(c)]:.1f} tok/s")
+        say(f"transformers decode at concurrency {c}: {f.decode_tok_s[str(c)]:.1f} tok/s")
     f.ttft_cold_s = _hf_generate(model, [w.doc_cold], 1)
-    _say(f"transformers TTFT on {len(w.doc_cold)} tokens: cold {f.ttft_cold_s:.3f} s")
+    say(f"transformers TTFT on {len(w.doc_cold)} tokens: cold {f.ttft_cold_s:.3f} s")
     return f
 
 
@@ -287,11 +284,11 @@ def run(config: EngineConfig, opts: BenchOptions) -> dict[str, object]:
         },
         "sizes": asdict(sizes),
     }
-    _say(f"our engine: {core.model_name}, {config.dtype}, {torch.get_num_threads()} threads")
+    say(f"our engine: {core.model_name}, {config.dtype}, {torch.get_num_threads()} threads")
     w = _workload(core, sizes, config.seed)
     ours = _measure_ours(core, w, sizes)
     ours.peak_rss_mib, ours.rss_mib = _memory_mib()
-    _say(f"ours peak RSS {ours.peak_rss_mib:.0f} MiB, current {ours.rss_mib:.0f} MiB")
+    say(f"ours peak RSS {ours.peak_rss_mib:.0f} MiB, current {ours.rss_mib:.0f} MiB")
     result["ours"] = asdict(ours)
     if opts.reference:
         del core
@@ -301,7 +298,7 @@ def run(config: EngineConfig, opts: BenchOptions) -> dict[str, object]:
         ref.peak_rss_mib, ref.rss_mib = _memory_mib()
         del model
         gc.collect()
-        _say(f"transformers peak RSS {ref.peak_rss_mib:.0f} MiB (process), current {ref.rss_mib:.0f} MiB")
+        say(f"transformers peak RSS {ref.peak_rss_mib:.0f} MiB (process), current {ref.rss_mib:.0f} MiB")
         result["reference"] = asdict(ref)
         result["ours_over_reference"] = _ratios(ours, ref)
     return {k: _rounded(v) for k, v in result.items()}

@@ -21,12 +21,12 @@ import json
 import os
 import random
 import resource
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from cloud.bench.report import say
 from cloud.engine.config import EngineConfig, OffloadDType
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel, load_model
@@ -52,10 +52,6 @@ class Phase:
     cached_tokens: int
     peak_rss_mib: float
     same_tokens: int  # of the greedy continuation, how many lead tokens equal the cold run's
-
-
-def _say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def _generate(core: EngineCore, rid: str, ids: list[int], n: int) -> tuple[float, int, list[int]]:
@@ -109,7 +105,7 @@ def run(opts: TierBenchOptions, loaded: LoadedModel | None = None) -> list[Phase
         kv_offload_dtype=opts.offload_dtype,
     )
     core = EngineCore(config, loaded)
-    _say(core.kv_plan.describe())
+    say(core.kv_plan.describe())
     rng = random.Random(opts.seed)
     vocab = core.tokenizer.vocab_size
     doc = [rng.randrange(100, vocab) for _ in range(opts.tokens)]
@@ -124,7 +120,7 @@ def run(opts: TierBenchOptions, loaded: LoadedModel | None = None) -> list[Phase
             (i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), len(tokens)
         )
         phases.append(Phase(name, ttft, cached, _rss_mib(), same))
-        _say(f"{name}: TTFT {ttft:.3f} s, cached_tokens {cached}, {same}/{len(tokens)} tokens as cold")
+        say(f"{name}: TTFT {ttft:.3f} s, cached_tokens {cached}, {same}/{len(tokens)} tokens as cold")
 
     phase("cold", core)
     phase("device pool", core)
@@ -180,7 +176,7 @@ def cmd_kv_tiers(args: argparse.Namespace) -> int:
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"options": {k: str(v) for k, v in asdict(opts).items()}, "phases": [asdict(p) for p in phases]}
     opts.out.write_text(json.dumps(payload, indent=2))
-    _say(f"wrote {opts.out}")
+    say(f"wrote {opts.out}")
     return 0
 
 

@@ -5,7 +5,9 @@ A configuration is named after what it changes from dense: `sparse-1024` (block-
 (after its prefill a case keeps the KV of 25% of its tokens, chosen by attention: kv/prune.py; its
 budget follows each case's length, so such a configuration runs one engine per length), `cold-int4`
 (the prompt's KV comes back from a disk tier that stores it as int4: each case runs once to fill the
-tier, then again, scored, with every full prompt block read from disk). Every
+tier, then again, scored, with every full prompt block read from disk), `dense-allkv` (a model's
+sliding-window layers keep every token's KV, as before kv/layout.py; the same as dense for a model
+without such layers). Every
 configuration runs the same cases; cases longer than the model's native (trained) context run on a
 second engine with YaRN RoPE scaling. `dense-noyarn` is the exception: it runs only those long cases
 up to twice the native context, with unscaled RoPE, to show what YaRN buys.
@@ -35,6 +37,7 @@ class LongCtxConfig:
     # the case's prompt KV read back from a disk tier that stores it at this precision (kv/tiers):
     # each case runs twice, the second (scored) run takes every full prompt block from disk
     cold: OffloadDType | None = None
+    hybrid: bool = True  # False: every layer keeps every token's KV, sliding-window layers included
 
 
 CONFIGS: dict[str, LongCtxConfig] = {
@@ -51,6 +54,7 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("cold-int8", cold="int8"),
         LongCtxConfig("cold-int4", cold="int4"),
         LongCtxConfig("dense-noyarn", yarn=False),
+        LongCtxConfig("dense-allkv", hybrid=False),
     )
 }
 REFERENCE = "dense"
@@ -125,6 +129,7 @@ def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup)
         kv_offload_dir=None if config.cold is None else tempfile.mkdtemp(prefix="ctxfuse-longctx-cold-"),
         kv_offload_dtype=config.cold or "auto",
         max_num_seqs=1,  # one request at a time: per-request long-context behaviour
+        disable_hybrid_kv_cache_manager=not config.hybrid,
     )
     # pinned, so that the KV budget can be sized in whole blocks of a known size
     return replace(chosen, block_size=chosen.kv_block_size)

@@ -58,6 +58,7 @@ class CaseResult(msgspec.Struct, kw_only=True, tag="case"):
     decode_ms_per_token: float | None = None
     decode_attention_ms_per_token: float | None = None
     kv_bytes_per_token: float | None = None
+    kv_peak_mib: float | None = None  # the KV cache's most blocks in use during the case, in MiB
     error: str | None = None
     # filled by the parent, against the reference configuration's record of the same case
     agrees_text: bool | None = None

@@ -27,6 +27,7 @@ class Figures(msgspec.Struct, kw_only=True):
     decode_ms_per_token: float | None
     decode_attention_ms_per_token: float | None
     kv_bytes_per_token: float | None
+    kv_peak_mib: float | None = None  # KV memory in use at a case's peak
     agreement_text: float | None = None  # share of matched cases whose answer equals the reference's
     agreement_number: float | None = None  # ... whose first number equals the reference's
 
@@ -41,6 +42,7 @@ class Ratios(msgspec.Struct, kw_only=True):
     decode_ms_per_token: float | None
     decode_attention_ms_per_token: float | None
     kv_bytes_per_token: float | None
+    kv_peak_mib: float | None = None
     peak_rss_mib: float | None = None  # per process, so in the overall ratios only
 
 
@@ -94,6 +96,7 @@ def figures(cases: list[CaseResult]) -> Figures:
         decode_ms_per_token=_r(_mean(c.decode_ms_per_token for c in ok)),
         decode_attention_ms_per_token=_r(_mean(c.decode_attention_ms_per_token for c in ok)),
         kv_bytes_per_token=_r(_mean(c.kv_bytes_per_token for c in ok)),
+        kv_peak_mib=_r(_mean(c.kv_peak_mib for c in ok)),
         agreement_text=_r(_mean(float(bool(c.agrees_text)) for c in agreed)),
         agreement_number=_r(_mean(float(bool(c.agrees_number)) for c in agreed)),
     )
@@ -119,6 +122,7 @@ def ratios(cases: list[CaseResult], ref: dict[Cell, CaseResult]) -> Ratios:
         decode_ms_per_token=over(lambda c: c.decode_ms_per_token),
         decode_attention_ms_per_token=over(lambda c: c.decode_attention_ms_per_token),
         kv_bytes_per_token=over(lambda c: c.kv_bytes_per_token),
+        kv_peak_mib=over(lambda c: c.kv_peak_mib),
     )
 
 

@@ -24,6 +24,7 @@ import torch
 
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
+from cloud.engine.kv.layout import blocks_for_context
 from cloud.model.loading import LoadedModel, load_model
 from shared.engine_types import SamplingParams
 
@@ -77,11 +78,15 @@ def _engine(config: EngineConfig, loaded: LoadedModel) -> EngineCore:
     if config.max_model_len is None or config.block_size is None:
         raise ValueError("the benchmark's engine config pins max_model_len and block_size")
     probe_cfg = replace(config, kv_cache_memory_gib=PROBE_KV_GIB, max_model_len=None, weight_quant="none")
-    stats = EngineCore(probe_cfg, loaded).stats()
+    probe = EngineCore(probe_cfg, loaded)
+    stats, layout = probe.stats(), probe.kv_plan.layout
+    del probe
     gc.collect()
     block_bytes = stats.kv_bytes_per_token * config.block_size
     set_aside = PROBE_KV_GIB * 2**30 - stats.num_blocks * block_bytes
-    blocks = math.ceil(config.max_model_len / config.block_size)
+    # (with sliding-window layers kept to their window: the global layers' pages and the windows')
+    chunk = config.max_num_batched_tokens
+    blocks = blocks_for_context(layout, config.max_model_len, chunk, config.block_size)
     if config.kv_prune_budget is not None:
         blocks += math.ceil(config.kv_prune_budget / config.block_size)
     gib = (set_aside + blocks * block_bytes + 2**10) / 2**30  # a KiB against rounding
@@ -107,6 +112,8 @@ def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: i
         subject=case.subject,
         kv_bytes_per_token=core.stats().kv_bytes_per_token,
     )
+    pool = core.pool
+    pool.low_free = pool.num_free
     # ignore_eos: every case decodes max_tokens tokens, so decode figures compare like with like;
     # the answer is cut at the first end-of-sequence token below
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -126,6 +133,8 @@ def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: i
     if t_first is None:
         raise RuntimeError("the request finished without a token")
     decode_s, decode_attention_s = time.perf_counter() - t_first, timed.take()
+    page_bytes = core.kv_plan.bytes_per_token * core.kv_plan.block_size
+    r.kv_peak_mib = round((pool.num_blocks - pool.low_free) * page_bytes / 2**20, 2)
     r.decode_tokens = len(tokens) - 1
     if r.decode_tokens > 0:
         r.decode_ms_per_token = 1e3 * decode_s / r.decode_tokens

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from cloud.bench.report import say
 from cloud.engine.config import EngineConfig
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel, load_model
@@ -49,10 +50,6 @@ class Round:
     long_ttft_s: float
     wall_s: float
     steps: int
-
-
-def _say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def _round(core: EngineCore, opts: CapOptions, rng: random.Random, tag: str) -> Round:
@@ -117,9 +114,7 @@ def run(opts: CapOptions, loaded: LoadedModel | None = None) -> dict[str, object
             r = _round(cores[cap], opts, rng, f"r{i}c{cap}")
             rounds[cap].append(r)
             mean = 1000 * statistics.fmean(r.short_ttft_s)
-            _say(
-                f"round {i} cap {cap}: shorts' TTFT mean {mean:.0f} ms, long's {1000 * r.long_ttft_s:.0f} ms"
-            )
+            say(f"round {i} cap {cap}: shorts' TTFT mean {mean:.0f} ms, long's {1000 * r.long_ttft_s:.0f} ms")
     off, on = _summary(rounds[0]), _summary(rounds[opts.cap])
     result: dict[str, object] = {
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},

@@ -4,7 +4,13 @@ table on stdout with the file's path under it."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+
+def say(msg: str) -> None:
+    """A progress line for the person running the bench (stderr: stdout carries the results)."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def publish(out: Path, data: object, table: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from .structured_schemas import SCHEMAS
@@ -107,10 +106,6 @@ class Report:
     decode: list[DecodeFigures]
     goal: str  # the aim and whether this run meets it
     warnings: list[str]
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def spread(xs: list[float], scale: float) -> Spread:

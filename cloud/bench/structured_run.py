@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the engine (and xgrammar) load only when the benchmark runs
     from cloud.engine.sampling.grammar_mask import Constrained, GrammarMasks
     from cloud.model.loading import LoadedModel
 
+from .report import say
 from .structured_results import (
     GOAL_RATIO,
     CompileFigures,
@@ -41,7 +42,6 @@ from .structured_results import (
     Machine,
     Report,
     Sizes,
-    say,
     spread,
 )
 

@@ -63,6 +63,9 @@ class EngineConfig:
     long_prefill_tokens: int = LONG_PREFILL_TOKENS
     max_waiting: int = 256
     enable_prefix_caching: bool = True
+    # True: every layer keeps every token's KV; False (default): sliding-window layers keep only their
+    # window where the cache allows it (kv/layout.py)
+    disable_hybrid_kv_cache_manager: bool = False
     seed: int = 0  # for requests without a seed: makes a whole run reproducible
     attention: AttentionKind = "dense"
     # auto: Triton kernels on a GPU, the compiled C++ decode kernels on a CPU (PyTorch where they cannot

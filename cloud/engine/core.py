@@ -9,10 +9,8 @@ requests it carried; the core keeps serving.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,14 +20,10 @@ from cloud.engine.config import EngineConfig
 from cloud.engine.kv.block_events import BlockEventLog
 from cloud.engine.kv.block_pool import BlockPool
 from cloud.engine.kv.cache import KVCache
-from cloud.engine.kv.fp8_cache import Fp8KVCache
 from cloud.engine.kv.memory import make_kv_cache, plan_kv, release_free_heap
 from cloud.engine.kv.prune_plan import PruneLimit
 from cloud.engine.kv.prune_plan import check as check_pruning
-from cloud.engine.kv.quant import BITS
-from cloud.engine.kv.tiers.codec import ColdCodec
-from cloud.engine.kv.tiers.offload import KVTiers, model_identity, tier_namespace
-from cloud.engine.kv.tiers.records import BlockRecords
+from cloud.engine.kv.tiers.setup import make_tiers
 from cloud.engine.output import TextState, make_output
 from cloud.engine.request import FinishReason, Request
 from cloud.engine.runner.cuda_graphs import CudaGraphs, eligible
@@ -58,7 +52,6 @@ from shared.engine_types import (
     SamplingParams,
 )
 from shared.errors import InvalidRequestError, QueueFullError
-from shared.fleet_protocol import HASH_SCHEME
 
 
 @dataclass(slots=True)
@@ -120,7 +113,11 @@ class EngineCore:
         self.kv_bytes_per_token = self.kv_plan.bytes_per_token
         # the prefix cache's history, for a router that wants to know what this engine holds
         self.block_events = BlockEventLog()
-        self.pool = BlockPool(self.kv_plan.num_blocks, config.enable_prefix_caching, self.block_events)
+        layout = self.kv_plan.layout
+        groups = 0 if layout is None else layout.num_groups
+        self.pool = BlockPool(
+            self.kv_plan.num_blocks, config.enable_prefix_caching, self.block_events, groups
+        )
         bs = self.kv_plan.block_size
         self.overflow = OverflowPolicy(
             config.context_overflow,
@@ -145,6 +142,7 @@ class EngineCore:
             ),
             self.pool,
             bs,
+            layout,
         )
         self.cache = make_kv_cache(
             self.kv_plan,
@@ -154,8 +152,18 @@ class EngineCore:
             config.max_num_seqs,
             device,
             spare_blocks=1 if device.type == "cuda" else 0,
+            page_map=self.pool.page_map,
         )
-        self.tiers = self._tiers(loaded_path)
+        self.tiers = make_tiers(
+            config,
+            self.kv_plan,
+            c,
+            self.weight_plan.describe(),
+            loaded_path,
+            self.cache,
+            self.pool,
+            self.scheduler.kv,
+        )
         self.sampler = Sampler(device)
         self.grammars = GrammarCompiler(self.tokenizer, c.vocab_size)
         self.runner = ModelRunner(
@@ -170,79 +178,22 @@ class EngineCore:
         )
         if self.tiers is not None:
             self.runner.before_forward = self.tiers.apply_loads
+        elif layout is not None:
+            self.runner.before_forward = self._sync_pages
         self.graphs_off = self._capture_graphs()  # why decode steps run eagerly (None: graphs)
         self._choices: dict[str, _Choice] = {}
         self._children: dict[str, list[str]] = {}
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
 
-    def _tiers(self, model_path: Path) -> KVTiers | None:
-        """The KV tiers below the pool (--kv-host-memory, --kv-offload-dir), hooked to the pool and the
-        prefix lookup; None when neither is asked for."""
-        config = self.config
-        host = int(config.kv_host_memory_gib * 2**30)
-        if host <= 0 and config.kv_offload_dir is None:
-            return None
-        if config.kv_host_memory_gib < 0 or config.kv_offload_disk_gib <= 0:
-            raise InvalidRequestError("--kv-host-memory must be >= 0 and --kv-offload-disk > 0")
-        if not config.enable_prefix_caching:
-            raise InvalidRequestError("KV tiers keep prefix-cache blocks: they need prefix caching on")
-        records = BlockRecords(self.cache.block_parts())
-        plan = self.kv_plan
-        codec = self._cold_codec()
-        namespace = tier_namespace(
-            config.kv_offload_dtype,
-            model_identity(model_path),
-            self.model_config,
-            self.config.run_dtype,
-            self.weight_plan.describe(),
-            plan.kv_dtype,
-            plan.block_size,
-            records.layout(),
-            HASH_SCHEME,
-        )
-        disk_dir = None
-        if config.kv_offload_dir is not None:
-            disk_dir = Path(config.kv_offload_dir).expanduser()
-            try:
-                disk_dir.mkdir(parents=True, exist_ok=True)
-                probe = disk_dir / f".probe-{os.getpid()}"
-                probe.write_bytes(b"")
-                probe.unlink()
-            except OSError as exc:
-                raise InvalidRequestError(
-                    f"--kv-offload-dir {disk_dir} cannot be written ({exc.strerror or exc}): "
-                    "give a directory this user can write"
-                ) from None
-        tiers = KVTiers(
-            records,
-            max(host, 0),
-            disk_dir,
-            int(config.kv_offload_disk_gib * 2**30),
-            namespace,
-            self.pool,
-            codec,
-        )
-        self.pool.tiers = tiers
-        self.scheduler.kv.tiers = tiers
-        return tiers
-
-    def _cold_codec(self) -> ColdCodec | None:
-        """The disk tier's lower precision (--kv-offload-dtype), for a full-precision cache only."""
-        cold = self.config.kv_offload_dtype
-        if cold == "auto":
-            return None
-        cache = self.cache
-        if not isinstance(cache, KVCache) or isinstance(cache, Fp8KVCache):
-            raise InvalidRequestError(
-                f"--kv-offload-dtype {cold} quantizes a full-precision cache's blocks; this cache is "
-                f"{self.kv_plan.kv_dtype} already (its disk tier stores its own bytes: leave it auto)"
-            )
-        c = self.model_config
-        tail = 0 if cache.summaries is None else 2 * 2 * c.num_layers * c.num_kv_heads * c.head_dim
-        return ColdCodec(
-            c.num_layers, c.num_kv_heads, self.kv_plan.block_size, c.head_dim, cache.dtype, BITS[cold], tail
-        )
+    def _sync_pages(self) -> None:
+        """The page map's changed rows to the cache's copy (on a CPU they share one tensor)."""
+        pool, cache = self.pool, self.cache
+        if pool.dirty and isinstance(cache, KVCache) and cache.page_map is not None:
+            if cache.page_map is not pool.page_map and pool.page_map is not None:
+                rows = torch.tensor(sorted(pool.dirty), dtype=torch.long)
+                cache.page_map[rows.to(cache.device)] = pool.page_map[rows].to(cache.device)
+            pool.dirty.clear()
 
     def close(self) -> None:
         """Finish what outlives the engine (the disk tier's queued writes)."""

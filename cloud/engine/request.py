@@ -61,6 +61,7 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks of token_ids so far
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
+    window_from: int = 0  # first block whose companion (local layers' pages, kv/layout.py) it holds
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt then output, kept in step

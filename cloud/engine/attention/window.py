@@ -6,10 +6,10 @@ layers run here, in PyTorch over the paged cache: a decode row gathers only the 
 touches (a fixed width per row, so a step has no host sync and a CUDA graph can hold it), a prefill
 chunk attends to the window's cached keys before it and to its own keys under a banded causal mask.
 
-Every block of a request stays in the cache, local layers included: the block pool allocates per
-request, not per layer, so a local layer's blocks outside its window are kept though never read
-(at 32K context that is 5/6 of the 270M's KV memory; freeing them is a per-layer pool's job).
-Backends that cannot honour a window are not handed a windowed layer: the compiled kernels (whose
+A local layer reads its blocks through the cache, which maps a block to the layer's own page where
+the per-layer-type layout keeps only the window's (kv/layout.py): blocks that left every window are
+never read here, so their local pages may be gone (a decode row's gather may reach a block or so
+before its window; those keys are masked). Backends that cannot honour a window are not handed a windowed layer: the compiled kernels (whose
 head dims are 64 and 128; Gemma's are 256) give way to the PyTorch reference, and what would have
 to ignore the window (Quest's block selection, the StreamingLLM overflow policy that rotates sink
 keys with one RoPE) is refused when the engine starts.

@@ -6,6 +6,11 @@ index_select, the shape attention wants.
 Slot s lives in block s // block_size at offset s % block_size. Only the model runner writes here;
 the block pool decides which slots belong to whom. `QuantizedKVCache` (quantized_kv_cache.py) has
 the same interface; this one is its reference.
+
+With a page layout (kv/layout.py: a model with sliding-window layers), a block is a page of the
+global layers only; layers share storage slots, and a local layer reaches its block's page through
+the page map [blocks, groups] the block pool keeps: `write` and `gather` translate, so attention
+backends keep passing the request's block table.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from cloud.engine.kv.key_summary import KeySummaries, StepSlots
+from cloud.engine.kv.layout import PageLayout
 
 
 class KVCache:
@@ -26,6 +32,8 @@ class KVCache:
         dtype: torch.dtype,
         track_summaries: bool = False,
         device: torch.device | str = "cpu",
+        layout: PageLayout | None = None,
+        page_map: torch.Tensor | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.num_blocks = num_blocks
@@ -36,8 +44,17 @@ class KVCache:
         slots = num_blocks * block_size
         store = self.storage_dtype(dtype)
         shape = (num_kv_heads, slots, head_dim)
-        self.k = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(num_layers)]
+        stored = num_layers if layout is None else layout.num_slots
+        ks = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(stored)]
+        vs = [torch.zeros(shape, dtype=store, device=self.device) for _ in range(stored)]
+        where = range(num_layers) if layout is None else layout.slots
+        self.k = [ks[s] for s in where]  # a layer's storage (layers of one slot share it)
+        self.v = [vs[s] for s in where]
+        self.layout = layout
+        self.groups = (-1,) * num_layers if layout is None else layout.groups
+        self.page_map = None if layout is None else page_map_for(num_blocks, layout, page_map, self.device)
+        if layout is not None and track_summaries:
+            raise ValueError("key summaries (sparse attention) need the plain layout")
         self.summaries = (
             KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim, self.device)
             if track_summaries
@@ -52,6 +69,8 @@ class KVCache:
 
     def blocks_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of a layer as [kv_heads, num_blocks, block_size, d] views (what kernels read)."""
+        if self.groups[layer] >= 0:
+            raise RuntimeError(f"layer {layer} keeps its blocks in companion pages: read it through gather")
         h, d, bs = self.num_kv_heads, self.head_dim, self.block_size
         return self.k[layer].view(h, self.num_blocks, bs, d), self.v[layer].view(h, self.num_blocks, bs, d)
 
@@ -81,8 +100,19 @@ class KVCache:
             step = self._step = StepSlots.of(slot_mapping, self.block_size)
         return step
 
+    def pages(self, layer: int, blocks: torch.Tensor) -> torch.Tensor:
+        """Where a layer keeps the blocks of a table: the blocks themselves, or a local layer's
+        companion pages."""
+        g = self.groups[layer]
+        if g < 0 or self.page_map is None:
+            return blocks
+        return self.page_map[blocks, g]
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
+        if self.groups[layer] >= 0:
+            bs = self.block_size
+            slot_mapping = self.pages(layer, slot_mapping // bs) * bs + slot_mapping % bs
         self.k[layer].index_copy_(1, slot_mapping, self.encode(layer, k, 0).transpose(0, 1))
         self.v[layer].index_copy_(1, slot_mapping, self.encode(layer, v, 1).transpose(0, 1))
         if self.summaries is not None:
@@ -99,6 +129,10 @@ class KVCache:
     def block_parts(self) -> list[torch.Tensor]:
         """Every tensor that holds per-block state, each indexed by block id on axis 1: what a block
         is, for a tier that moves it out of the cache and back (kv/tiers/records.py)."""
+        if self.layout is not None:
+            raise RuntimeError(
+                "a block of the per-layer-type layout is not one record (KV tiers need the plain one)"
+            )
         parts = [t for layer in range(len(self.k)) for t in self.blocks_view(layer)]
         if self.summaries is not None:
             parts += self.summaries.kmin + self.summaries.kmax
@@ -120,6 +154,7 @@ class KVCache:
         k_all, v_all = self.k[layer], self.v[layer]
         h, _, d = k_all.shape
         bs = self.block_size
+        blocks = self.pages(layer, blocks)
         if blocks.dim() == 1 and _consecutive(blocks):
             # blocks allocated in one go from a fresh pool lie side by side: a view, no copy
             lo, hi = int(blocks[0]) * bs, (int(blocks[-1]) + 1) * bs
@@ -134,11 +169,25 @@ class KVCache:
         """Each KV head its own blocks. blocks: [kv_heads, n] -> [kv_heads, n * bs, d];
         [batch, kv_heads, n] -> [batch, kv_heads, n * bs, d]."""
         h, d, bs = self.num_kv_heads, self.head_dim, self.block_size
+        blocks = self.pages(layer, blocks)
         heads = head_index(blocks)
         k = self.k[layer].view(h, self.num_blocks, bs, d)[heads, blocks]  # [..., h, n, bs, d]
         v = self.v[layer].view(h, self.num_blocks, bs, d)[heads, blocks]
         k, v = self.decode(layer, k, 0, -4), self.decode(layer, v, 1, -4)
         return k.flatten(-3, -2), v.flatten(-3, -2)
+
+
+def page_map_for(
+    num_blocks: int, layout: PageLayout, host: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """The page map on the cache's device: the block pool's own tensor where it lives there, else a
+    copy (rows past the pool's, spare blocks, map to themselves)."""
+    if host is not None and host.device == device and host.shape[0] == num_blocks:
+        return host
+    rows = torch.arange(num_blocks, dtype=torch.long).view(-1, 1).repeat(1, layout.num_groups)
+    if host is not None:
+        rows[: host.shape[0]] = host
+    return rows.to(device)
 
 
 def as_context(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from cloud.engine.kv.cache import KVCache
+from cloud.engine.kv.layout import PageLayout
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -32,9 +33,20 @@ class Fp8KVCache(KVCache):
         dtype: torch.dtype,
         track_summaries: bool = False,
         device: torch.device | str = "cpu",
+        layout: PageLayout | None = None,
+        page_map: torch.Tensor | None = None,
     ) -> None:
         super().__init__(
-            num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, track_summaries, device
+            num_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            track_summaries,
+            device,
+            layout,
+            page_map,
         )
         # [layers, 2 (keys, values), kv_heads] fp32
         self.scales = torch.ones(num_layers, 2, num_kv_heads, dtype=torch.float32, device=self.device)

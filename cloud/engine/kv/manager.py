@@ -3,6 +3,10 @@ registers newly full blocks in the prefix cache, and frees a request's blocks.
 
 The block pool owns the blocks; this owns each request's `block_ids` and `block_hashes`. With tiers
 below the pool (kv/tiers/offload.py), a prefix lookup goes on through them past the pool's last hit.
+
+With a page layout (kv/layout.py), a request holds the companions (local layers' pages) of its blocks
+from `window_from` on: the first block its next query can see. A prefix hit is whole only where the
+blocks its next query sees still have theirs, so a lookup ends at the last such block.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cloud.engine.kv.block_pool import BlockPool
+from cloud.engine.kv.layout import PageLayout
 from cloud.engine.request import Request
 from shared.block_hash import BlockHash, hash_block
 
@@ -20,10 +25,15 @@ if TYPE_CHECKING:
 
 
 class KVManager:
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, layout: PageLayout | None = None) -> None:
         self.pool = pool
         self.block_size = block_size
         self.tiers: KVTiers | None = None
+        self.layout = layout if pool.groups else None
+
+    def _window_start(self, position: int) -> int:
+        """The first block whose companion a query at `position` needs (0: all; plain layout: 0)."""
+        return 0 if self.layout is None else self.layout.window_start(position, self.block_size)
 
     def _extend_hashes(self, req: Request) -> list[bytes]:
         bs = self.block_size
@@ -57,7 +67,18 @@ class KVManager:
             hits.append(bid)
         if self.tiers is not None and len(hits) < limit:
             hits += self._promote(hashes[len(hits) : limit], hits)
-        return hits
+        return self._whole(hits)
+
+    def _whole(self, hits: list[int]) -> list[int]:
+        """The longest head of a prefix hit whose next query finds every companion it reads."""
+        n = len(hits)
+        while self.layout is not None and n:
+            lo = self._window_start(n * self.block_size)
+            missing = [i for i in range(lo, n) if self.pool.blocks[hits[i]].companion is None]
+            if not missing:
+                break
+            n = missing[-1]
+        return hits[:n]
 
     def prefetch(self, req: Request) -> None:
         """Have the tiers start reading what the request's prefix needs from disk, while it waits."""
@@ -113,14 +134,22 @@ class KVManager:
             req.num_computed_tokens + len(cached) * self.block_size + num_new_tokens + self.block_size - 1
         ) // self.block_size
         need = max(0, total - have)
-        revived = sum(1 for b in cached if self.pool.blocks[b].ref_count == 0)
-        if need + revived > self.pool.num_free:
+        # a request taking a cached prefix holds no blocks yet: it holds the companions of those its
+        # next query sees
+        hold = cached[self._window_start(len(cached) * self.block_size) :] if cached else []
+        if need * (1 + self.pool.groups) + self.pool.cost(cached, hold) > self.pool.num_free:
             return False
         self.pool.touch(cached)
+        if self.layout is not None:
+            self.pool.hold_windows(hold)
         fresh = self.pool.allocate(need)
         if fresh is None:  # cannot happen after the check above; keep the pool consistent anyway
+            if self.layout is not None:
+                self.pool.release_windows(hold)
             self.pool.free(cached)
             return False
+        if cached:
+            req.window_from = len(cached) - len(hold)
         req.block_ids.extend(cached)
         req.block_ids.extend(fresh)
         # Only a cached prefix (taken at admission, by a request holding no blocks) is registered
@@ -138,7 +167,19 @@ class KVManager:
             self.pool.cache(req.block_ids[i], hashes[i])
         req.num_registered_blocks = full
 
+    def slide_windows(self, req: Request) -> None:
+        """Let go of the companions of blocks the request's next query no longer sees."""
+        if self.layout is None:
+            return
+        end = min(self._window_start(req.num_computed_tokens), len(req.block_ids))
+        if end > req.window_from:
+            self.pool.release_windows(req.block_ids[req.window_from : end])
+            req.window_from = end
+
     def free(self, req: Request) -> None:
+        if self.layout is not None:  # companions first: they go before their blocks
+            self.pool.release_windows(req.block_ids[req.window_from :])
+            req.window_from = 0
         self.pool.free([b for b in req.block_ids if b >= 0])
         req.block_ids = []
         req.num_registered_blocks = 0

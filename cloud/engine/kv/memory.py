@@ -14,6 +14,11 @@ counting blocks.
 The longest admissible context is the smaller of the model's context (scaled by RoPE scaling, or
 `--max-model-len`) and what the blocks hold, so one request alone always fits: no request, however
 long, can run the engine out of KV memory; longer ones are refused up front.
+
+A model with sliding-window layers gets the per-layer-type layout (kv/layout.py) unless it is turned
+off (`--disable-hybrid-kv-cache-manager`) or the cache moves whole blocks (quantized caches, KV tiers,
+pruning): then a block is a page of the global layers, and what one request holds at its peak is its
+blocks plus each local group's window and chunk.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from cloud.engine.config import CPU_KV_CACHE_GIB, EngineConfig
 from cloud.engine.kv.cache import KVCache
 from cloud.engine.kv.fp8_cache import Fp8KVCache
+from cloud.engine.kv.layout import PageLayout, blocks_for_context, page_layout
 from cloud.engine.kv.quant import BITS
 from cloud.engine.kv.quantized_cache import QuantizedKVCache
 from cloud.model.config import ModelConfig
@@ -44,14 +50,32 @@ class KVPlan:
     num_blocks: int
     max_model_len: int
     track_summaries: bool
+    layout: PageLayout | None = None  # per layer type (bytes_per_token is then a page's: global layers)
 
     def describe(self) -> str:
         gib = self.budget_bytes / 2**30
+        layout = f"; {self.layout.describe()}" if self.layout is not None else ""
         return (
             f"KV cache: {self.kv_dtype}, {self.bytes_per_token:.0f} bytes/token, {self.num_blocks} blocks of "
             f"{self.block_size} ({self.num_blocks * self.block_size} tokens) in {gib:.2f} GiB "
-            f"({self.budget_source}); longest context {self.max_model_len} tokens"
+            f"({self.budget_source}){layout}; longest context {self.max_model_len} tokens"
         )
+
+
+def layout_for(config: EngineConfig, model: ModelConfig) -> PageLayout | None:
+    """The per-layer-type layout, where the model has local layers and nothing asks for whole blocks."""
+    whole_blocks = (
+        config.disable_hybrid_kv_cache_manager
+        or config.kv_dtype in BITS
+        or config.attention == "sparse"
+        or config.kv_prune_budget is not None
+        or config.kv_host_memory_gib > 0
+        or config.kv_offload_dir is not None
+        or config.context_overflow == "sliding_window"
+    )
+    if whole_blocks:
+        return None
+    return page_layout([model.attention_window(i) for i in range(model.num_layers)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +129,10 @@ def plan_kv(
     bs = config.kv_block_size
     if bs < 1:
         raise InvalidRequestError("--block-size must be at least 1")
+    layout = layout_for(config, model)
     layers, kvh, d = model.num_layers, model.num_kv_heads, model.head_dim
+    if layout is not None:
+        layers = layout.num_slots  # a page holds the global layers' tokens
     summaries = config.attention == "sparse"
     budget, source = kv_budget_bytes(config, device, gpu)
     staging = 0
@@ -128,6 +155,10 @@ def plan_kv(
             f"at {bpt:.0f} bytes per token"
         )
     capacity = num_blocks * bs
+    if layout is not None:  # what one request holds at its peak: its blocks and its windows' pages
+        reserve = layout.num_groups * layout.window_blocks(config.max_num_batched_tokens, bs)
+        capacity = max(num_blocks - reserve, num_blocks // (1 + layout.num_groups)) * bs
+        assert blocks_for_context(layout, capacity, config.max_num_batched_tokens, bs) <= num_blocks
     if config.max_model_len is not None and config.max_model_len > capacity:
         raise InvalidRequestError(
             f"--max-model-len {config.max_model_len} needs more KV memory than the budget holds "
@@ -135,7 +166,7 @@ def plan_kv(
             "raise --kv-cache-memory or lower --max-model-len"
         )
     max_len = min(config.max_model_len or model_context, capacity)
-    return KVPlan(name, bs, bpt, budget, source, staging, num_blocks, max_len, summaries)
+    return KVPlan(name, bs, bpt, budget, source, staging, num_blocks, max_len, summaries, layout)
 
 
 def make_kv_cache(
@@ -146,17 +177,21 @@ def make_kv_cache(
     max_num_seqs: int,
     device: torch.device | None = None,
     spare_blocks: int = 0,
+    page_map: torch.Tensor | None = None,
 ) -> KVCache | QuantizedKVCache:
-    """spare_blocks: blocks past the pool's (CUDA graphs write their padding rows there)."""
+    """spare_blocks: blocks past the pool's (CUDA graphs write their padding rows there); page_map:
+    the block pool's, for a per-layer-type layout."""
     device = device or torch.device("cpu")
     blocks = plan.num_blocks + spare_blocks
     shape = (model.num_layers, blocks, plan.block_size, model.num_kv_heads, model.head_dim)
+    layout = plan.layout
     if plan.kv_dtype in BITS:
         bits = BITS[plan.kv_dtype]
         return QuantizedKVCache(*shape, dtype, bits, is_free, staging_slots=max_num_seqs + 1, device=device)
-    if plan.kv_dtype == "fp8":
-        return Fp8KVCache(*shape, dtype, track_summaries=plan.track_summaries, device=device)
-    return KVCache(*shape, dtype, track_summaries=plan.track_summaries, device=device)
+    kind = Fp8KVCache if plan.kv_dtype == "fp8" else KVCache
+    return kind(
+        *shape, dtype, track_summaries=plan.track_summaries, device=device, layout=layout, page_map=page_map
+    )
 
 
 def release_free_heap() -> None:

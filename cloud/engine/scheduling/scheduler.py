@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cloud.engine.kv.block_pool import BlockPool
+from cloud.engine.kv.layout import PageLayout
 from cloud.engine.kv.manager import KVManager
 from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, PruneOrder, num_dropped_blocks, num_kept, prunes
 from cloud.engine.request import FinishReason, Request, RequestStatus
@@ -100,10 +101,12 @@ class TokenEvent:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, block_size: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, pool: BlockPool, block_size: int, layout: PageLayout | None = None
+    ) -> None:
         self.config = config
         self.pool = pool
-        self.kv = KVManager(pool, block_size)
+        self.kv = KVManager(pool, block_size, layout)
         self.waiting: list[Request] = []  # sorted by (priority, arrival)
         self.running: list[Request] = []  # in admission order
         self.requests: dict[str, Request] = {}
@@ -280,6 +283,7 @@ class Scheduler:
                 self.kv.register_full_blocks(req)
             if req.sliding:
                 self.kv.slide(req, self.config.sink_blocks, self.config.ring_blocks)
+            self.kv.slide_windows(req)
             token = sampled.get(req.request_id)
             if token is None:
                 continue

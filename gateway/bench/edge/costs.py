@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cloud.bench.structured_results import Spread, say, spread
+from cloud.bench.report import say
+from cloud.bench.structured_results import Spread, spread
 from cloud.model.registry import fetch
 from cloud.model.tokenizer import Tokenizer
 from edge.vision.document import looks_like_document

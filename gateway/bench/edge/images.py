@@ -19,7 +19,8 @@ import httpx
 import msgspec
 import numpy as np
 
-from cloud.bench.structured_results import Spread, say, spread
+from cloud.bench.report import say
+from cloud.bench.structured_results import Spread, spread
 from edge.config import EdgeConfig
 from edge.vision.document import looks_like_document
 from edge.vision.encoder import Encoded, ImageEncoder, Precision, dequantize_embedding

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import httpx
 import msgspec
 
-from cloud.bench.structured_results import Spread, say, spread
+from cloud.bench.report import say
+from cloud.bench.structured_results import Spread, spread
 from cloud.model.registry import fetch
 from cloud.model.tokenizer import Tokenizer
 from gateway.bench.edge.document import document, questions

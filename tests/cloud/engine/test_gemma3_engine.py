@@ -105,6 +105,7 @@ class Run:
     prefix_hit_tokens: int
     layer_windows: tuple[int | None, ...]
     attention: str
+    layout: bool  # whether the engine kept only the local layers' windows
 
 
 @dataclass(slots=True)
@@ -185,6 +186,7 @@ def run(gemma: LoadedModel) -> Run:
         core.stats().prefix_hit_tokens,
         windows,
         type(core.runner.attention).__name__,
+        core.kv_plan.layout is not None,
     )
 
 
@@ -216,6 +218,7 @@ def reference(gemma: LoadedModel, run: Run) -> dict[str, Reference]:
 def test_the_engine_runs_gemmas_windows(run: Run) -> None:
     assert run.layer_windows == tuple(None if (i + 1) % 6 == 0 else WINDOW for i in range(18))
     assert run.attention == "WindowedAttention"
+    assert run.layout  # the local layers kept their windows only: what transformers is held to below
     assert len(run.prompts["long"]) > WINDOW
     assert run.prefix_hit_tokens >= 528  # the long conversation's whole blocks
 
@@ -230,3 +233,56 @@ def test_logits_and_greedy_tokens_match_transformers_generate(
     for step, (got, want) in enumerate(zip(run.logits[rid], ref.logits, strict=True)):
         diff = (got - want).abs().max().item()
         assert diff < TOL, f"{rid} step {step}: max |logit diff| {diff}"
+
+
+def test_local_layers_keep_only_their_window_and_generate_as_the_plain_layout(gemma: LoadedModel) -> None:
+    """A prompt of 2.5 windows, then its conversation continued (a prefix hit whose early blocks'
+    local pages are long gone): the per-layer-type layout and the plain one (every layer, every
+    token) give the same greedy tokens and logits, while the first holds a fraction of the KV."""
+    g = torch.Generator().manual_seed(1)
+    vocab = gemma.weights.config.vocab_size
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(1000, vocab // 2, (n,), generator=g).tolist()
+
+    doc = [BOS, *tokens(1299)]
+    extra = tokens(37)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    results = {}
+    for hybrid in (True, False):
+        config = EngineConfig(
+            dtype="float32",
+            weight_quant="none",
+            kv_cache_memory_gib=0.25,
+            max_model_len=2048,
+            max_num_batched_tokens=256,
+            disable_hybrid_kv_cache_manager=not hybrid,
+        )
+        core = EngineCore(config, gemma)
+        assert (core.kv_plan.layout is not None) is hybrid
+        rec = RecordingSampler()
+        core.runner.sampler = rec
+        out: dict[str, list[int]] = {}
+        held = 0  # pages the document's request holds once decoding
+        core.add_request("doc", doc, params)
+        while core.has_work():
+            for o in core.step():
+                out.setdefault(o.request_id, []).extend(o.token_ids)
+            if core.scheduler.running:
+                held = core.pool.num_blocks - core.pool.num_free
+        core.add_request("hit", doc + out["doc"] + extra, params)
+        while core.has_work():
+            for o in core.step():
+                out.setdefault(o.request_id, []).extend(o.token_ids)
+        page_bytes = core.kv_plan.bytes_per_token * core.kv_plan.block_size
+        results[hybrid] = (out, rec.logits, held * page_bytes, core.stats().prefix_hit_tokens)
+    out, logits, held_bytes, hit = results[True]
+    plain_out, plain_logits, plain_bytes, plain_hit = results[False]
+    assert out == plain_out
+    for rid in ("doc", "hit"):
+        for got, want in zip(logits[rid], plain_logits[rid], strict=True):
+            assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    assert hit == plain_hit >= 1296  # the whole document's blocks, found though its early local pages left
+    # 1306 tokens: the plain layout holds 82 blocks of 18 layers; this one 82 pages of the 3 global
+    # layers and each local group's window (5 x 34 pages of 3 layers): 0.52 of it
+    assert held_bytes <= 0.55 * plain_bytes
