@@ -184,6 +184,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     from ctxfuse.engine_cli import add_engine_options
     from gateway.bench.edge.cli import add_edge_bench_parser
     from gateway.bench.fleet_bench import add_fleet_bench_parser
+    from gateway.bench.router_keys import add_router_keys_bench_parser
     from gateway.bench.serving import add_serve_bench_parser
     from gateway.bench.shared_state import add_shared_state_bench_parser
 
@@ -203,6 +204,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     ba.set_defaults(func=_cmd_bench_agreement)
     add_bench_gateway_parser(bench)
     add_fleet_bench_parser(bench)
+    add_router_keys_bench_parser(bench)
     add_shared_state_bench_parser(bench)
     add_longctx_parser(bench)
     add_prefill_cap_parser(bench)

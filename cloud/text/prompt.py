@@ -24,11 +24,22 @@ def render_chat_prompt(
     template_kwargs: dict[str, Any] | None = None,
 ) -> ChatPrompt:
     messages, images = flatten_content(messages)
-    if template_takes_tools(template.source):
-        text = template.render(template_messages(messages), tools=tools or None, extra=template_kwargs)
-    else:
-        text = template.render(messages_with_tools(messages, tools, tool_choice), extra=template_kwargs)
+    text = render_chat_text(template, messages, tools, tool_choice, template_kwargs)
     if not images:
         return ChatPrompt(tokenizer.encode(text, add_special=False))
     ids, offsets = tokenizer.encode_with_offsets(text)
     return ChatPrompt(ids, tuple(locate_images(text, offsets, images)))
+
+
+def render_chat_text(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The prompt's text for messages whose content is flat (flatten_content's): tools go to the
+    template where it takes them, else into the messages."""
+    if template_takes_tools(template.source):
+        return template.render(template_messages(messages), tools=tools or None, extra=template_kwargs)
+    return template.render(messages_with_tools(messages, tools, tool_choice), extra=template_kwargs)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import cast
 
 from litestar.response import Stream
@@ -60,8 +59,7 @@ async def _outgoing(fleet: Fleet, endpoint: str, raw: bytes, owner: str) -> Outg
     else:
         req = decode_body(raw, CompletionRequest)
     refuse_stream(req.stream)
-    keys, _ = await asyncio.to_thread(fleet.request_keys, req, False)
     salt = fleet.config.cache_salt(Principal(owner).cache_salt)  # the batch owner's partition
-    if salt is not None:
-        keys = replace(keys, extra_key=salt_key(salt))
+    extra = b"" if salt is None else salt_key(salt)
+    keys, _ = await asyncio.to_thread(fleet.request_keys, req, False, extra)
     return Outgoing(endpoint, raw, keys, None, salt, req.model)

@@ -151,22 +151,23 @@ class Fleet:
             self.text_side = WorkerText(side, tokenizer, template)
 
     def request_keys(
-        self, req: ChatCompletionRequest | CompletionRequest, count: bool
+        self, req: ChatCompletionRequest | CompletionRequest, count: bool, extra_key: bytes = b""
     ) -> tuple[RequestKeys, int]:
         """(its prefix keys, its prompt tokens when `count` asks for them, else 0) of a decoded
-        chat or completion request. It tokenizes: call it off the loop."""
+        chat or completion request; `extra_key`: the tenant's (salt_key), which keeps the prompts the
+        router remembers apart per tenant. It tokenizes: call it off the loop."""
         if self.keys is None:
             if count:  # a limit in tokens cannot be kept without the tokenizer: refused, not guessed
                 raise ServiceUnavailableError(
                     "the router has no tokenizer yet: no ctxfuse worker has answered its health check"
                 )
-            return RequestKeys([], prompt_text(req)), 0
+            return RequestKeys([], prompt_text(req), extra_key), 0
         # tokenizing is wasted work unless a backend matches token blocks or tokens are counted
         tokenize = count or any(b.reports_blocks for b in self.backends)
         if isinstance(req, ChatCompletionRequest):
-            keys = self.keys.chat(req, tokenize)
+            keys = self.keys.chat(req, tokenize, extra_key)
         else:
-            keys = self.keys.completion(req, tokenize)
+            keys = self.keys.completion(req, tokenize, extra_key)
         return keys, self.keys.prompt_tokens(req, keys) if count else 0
 
     def max_model_len(self) -> int | None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
-from cloud.text.prompt import render_chat_prompt
+from cloud.text.image_text import flatten_content
+from cloud.text.prompt import render_chat_prompt, render_chat_text
+from gateway.backends.fleet.key_memo import Chains, Earlier, KeyMemo, Tokens, conversation_digests
 from gateway.openai import chat, structured
 from shared.block_hash import hash_block
 from shared.errors import CtxfuseError
@@ -29,22 +31,26 @@ class RequestKeys:
     token_ids: list[int]  # the prompt (of the first prompt, for a completion with several)
     text: str  # the prompt's text, for text-chunk keys
     extra_key: bytes = b""  # the tenant's cache salt, as the worker mixes it in (block_pool.salt_key)
-    # each chain is hashed once per request: matching and recording both read it
-    _chains: dict[int, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
+    # an earlier turn's chains over the token ids this prompt shares with it (key_memo.py)
+    earlier: Earlier | None = field(default=None, compare=False, repr=False)
+    # each chain is hashed once per request: matching and recording both read it. Keyed by the extra
+    # key too, since a copy with the tenant's salt (dataclasses.replace) shares this dict.
+    chains: Chains = field(default_factory=dict, compare=False, repr=False)
 
     def blocks(self, block_size: int) -> list[bytes]:
-        hashes = self._chains.get(block_size)
+        hashes = self.chains.get((block_size, self.extra_key))
         if hashes is None:
-            hashes, parent = [], None
-            for i in range(len(self.token_ids) // block_size):
+            hashes = self.earlier.leading(block_size, self.extra_key) if self.earlier is not None else []
+            parent = hashes[-1] if hashes else None
+            for i in range(len(hashes), len(self.token_ids) // block_size):
                 block = self.token_ids[i * block_size : (i + 1) * block_size]
                 parent = hash_block(parent, block, self.extra_key)
                 hashes.append(parent)
-            self._chains[block_size] = hashes
+            self.chains[(block_size, self.extra_key)] = hashes
         return hashes
 
     def text_chunks(self) -> list[bytes]:
-        out = self._chains.get(0)  # 0: no block size has it
+        out = self.chains.get((0, b""))  # 0: no block size has it
         if out is None:
             out, h = [], hashlib.blake2b(digest_size=16)
             for i in range(len(self.text) // TEXT_CHUNK_CHARS):
@@ -52,36 +58,51 @@ class RequestKeys:
                     self.text[i * TEXT_CHUNK_CHARS : (i + 1) * TEXT_CHUNK_CHARS].encode("utf-8", "replace")
                 )
                 out.append(h.copy().digest())  # chained: a chunk's key names all the text before it
-            self._chains[0] = out
+            self.chains[(0, b"")] = out
         return out
 
 
 class KeyMaker:
-    """Prompt keys from the model's tokenizer and chat template (no weights)."""
+    """Prompt keys from the model's tokenizer and chat template (no weights). With `memo`, the next
+    turn of a conversation reuses the tokens and block hashes of its earlier turns (key_memo.py)."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, memo: bool = True) -> None:
         self.tokenizer = tokenizer
         self.template = template
+        self.memo = KeyMemo(tokenizer) if memo else None
 
-    def chat(self, req: ChatCompletionRequest, ctxfuse_backends: bool) -> RequestKeys:
-        """`ctxfuse_backends`: some candidate reports blocks (else tokenizing is wasted work)."""
+    def chat(self, req: ChatCompletionRequest, ctxfuse_backends: bool, extra_key: bytes = b"") -> RequestKeys:
+        """`ctxfuse_backends`: some candidate reports blocks (else tokenizing is wasted work).
+        `extra_key`: the tenant's, as its keys mix it in; tenants never share a remembered prompt."""
         text = prompt_text(req)
         if not ctxfuse_backends:
-            return RequestKeys([], text)
+            return RequestKeys([], text, extra_key)
         try:
-            _, tools = structured.tools_structure(req, False)
-            messages = chat.message_dicts(req.messages)
-            prompt = render_chat_prompt(
-                self.template, self.tokenizer, messages, tools.tools, tools.choice, req.chat_template_kwargs
-            )
+            tokens = self._chat_tokens(req, extra_key)
         except CtxfuseError:  # the backend will refuse it with the right error; route it by its text
-            return RequestKeys([], text)
-        return RequestKeys(prompt.token_ids, text)
+            return RequestKeys([], text, extra_key)
+        return RequestKeys(tokens.token_ids, text, extra_key, tokens.earlier, tokens.chains)
 
-    def completion(self, req: CompletionRequest, ctxfuse_backends: bool) -> RequestKeys:
+    def _chat_tokens(self, req: ChatCompletionRequest, extra_key: bytes) -> Tokens:
+        _, tools = structured.tools_structure(req, False)
+        messages = chat.message_dicts(req.messages)
+        flat, images = flatten_content(messages)
+        kwargs = req.chat_template_kwargs
+        if self.memo is None or images:  # the reference; and images, located by each token's offsets
+            prompt = render_chat_prompt(
+                self.template, self.tokenizer, messages, tools.tools, tools.choice, kwargs
+            )
+            return Tokens(prompt.token_ids, None, {})
+        text = render_chat_text(self.template, flat, tools.tools, tools.choice, kwargs)
+        context = (extra_key, tools.tools, tools.choice, kwargs)
+        return self.memo.tokens(conversation_digests(context, flat), text)
+
+    def completion(
+        self, req: CompletionRequest, ctxfuse_backends: bool, extra_key: bytes = b""
+    ) -> RequestKeys:
         text = prompt_text(req)
         ids = self.tokenizer.encode(text, add_special=True) if text and ctxfuse_backends else []
-        return RequestKeys(ids, text)
+        return RequestKeys(ids, text, extra_key)
 
     def prompt_tokens(self, req: ChatCompletionRequest | CompletionRequest, keys: RequestKeys) -> int:
         """The request's prompt tokens, as a worker will count them (for tokens per minute); `keys`

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
 
 import httpx
 import msgspec
@@ -145,7 +144,9 @@ class FleetUpstream:
         fleet = self.fleet
         principal = principal_of(request.state)
         tpm = principal.key.limits.tpm if principal.key is not None else None
-        keys, prompt = await asyncio.to_thread(fleet.request_keys, req, tpm is not None)
+        salt = fleet.config.cache_salt(principal.cache_salt)  # the workers' partition
+        extra = b"" if salt is None else salt_key(salt)  # the router's memo is partitioned the same way
+        keys, prompt = await asyncio.to_thread(fleet.request_keys, req, tpm is not None, extra)
         settle = None
         if tpm is not None:
             ticket = await reserve_tokens(
@@ -154,9 +155,6 @@ class FleetUpstream:
             if ticket is not None:
                 settle = Settle(gw.limiter, ticket)
                 raw = with_usage(req, raw)  # the backend reports a stream's usage; the client's ask stands
-        salt = fleet.config.cache_salt(principal.cache_salt)  # the workers' partition
-        if salt is not None:
-            keys = replace(keys, extra_key=salt_key(salt))
         out = Outgoing(path, raw, keys, request.headers.get(VERSION_HEADER), salt, req.model)
         try:
             # a client gone before the answer: closing the backend request aborts the work there too
