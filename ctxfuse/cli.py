@@ -180,6 +180,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     from cloud.bench.longctx import add_longctx_parser
     from cloud.bench.prefill_cap import add_prefill_cap_parser
     from cloud.bench.schemabench import add_schemas_parser
+    from cloud.bench.step_profile import add_step_profile_parser
     from cloud.bench.structured_bench import add_structured_parser
     from ctxfuse.engine_cli import add_engine_options
     from gateway.bench.edge.cli import add_edge_bench_parser
@@ -215,6 +216,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     add_edge_bench_parser(bench)
     add_gpu_check_parser(bench)
     add_serve_bench_parser(bench)
+    add_step_profile_parser(bench)
 
 
 @dataclass(frozen=True, slots=True)
