@@ -9,7 +9,9 @@ chunk attends to the window's cached keys before it and to its own keys under a 
 A local layer reads its blocks through the cache, which maps a block to the layer's own page where
 the per-layer-type layout keeps only the window's (kv/layout.py): blocks that left every window are
 never read here, so their local pages may be gone (a decode row's gather may reach a block or so
-before its window; those keys are masked). Backends that cannot honour a window are not handed a windowed layer: the compiled kernels (whose
+before its window; those keys are masked).
+
+Backends that cannot honour a window are not handed a windowed layer: the compiled kernels (whose
 head dims are 64 and 128; Gemma's are 256) give way to the PyTorch reference, and what would have
 to ignore the window (Quest's block selection, the StreamingLLM overflow policy that rotates sink
 keys with one RoPE) is refused when the engine starts.
