@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
 import resource
@@ -26,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from cloud.bench.report import say
+from cloud.bench.report import publish, say
 from cloud.engine.config import EngineConfig, OffloadDType
 from cloud.engine.core import EngineCore
 from cloud.model.loading import LoadedModel, load_model
@@ -171,12 +170,8 @@ def cmd_kv_tiers(args: argparse.Namespace) -> int:
         device=args.device,
     )
     phases = run(opts)
-    text = report(phases, opts)
-    print(text)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"options": {k: str(v) for k, v in asdict(opts).items()}, "phases": [asdict(p) for p in phases]}
-    opts.out.write_text(json.dumps(payload, indent=2))
-    say(f"wrote {opts.out}")
+    publish(opts.out, payload, report(phases, opts))
     return 0
 
 
