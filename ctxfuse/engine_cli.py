@@ -16,6 +16,7 @@ from cloud.engine.config import (
     CPU_KV_CACHE_GIB,
     DTYPES,
     KV_DTYPES,
+    SPECULATIVE,
     EngineConfig,
     SparseConfig,
 )
@@ -236,6 +237,40 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="keep every layer's KV for every token; by default a model with sliding-window layers "
         "(Gemma 3) keeps only their window (as vLLM's flag of this name)",
     )
+    g.add_argument(
+        "--speculative",
+        choices=SPECULATIVE,
+        default=d.speculative,
+        help="speculative decoding: ngram drafts the next tokens from the request's own context (prompt "
+        "lookup: quoting, extracting, editing a document) and checks them in one forward; greedy "
+        f"output stays the same (default {d.speculative})",
+    )
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=positive_int,
+        default=d.num_speculative_tokens,
+        help=f"tokens drafted per step at most (default {d.num_speculative_tokens})",
+    )
+    g.add_argument(
+        "--prompt-lookup-max",
+        type=positive_int,
+        default=d.prompt_lookup_max,
+        help="the longest n-gram of the output's end looked up in the context "
+        f"(default {d.prompt_lookup_max})",
+    )
+    g.add_argument(
+        "--prompt-lookup-min",
+        type=positive_int,
+        default=d.prompt_lookup_min,
+        help=f"the shortest n-gram looked up (default {d.prompt_lookup_min})",
+    )
+    g.add_argument(
+        "--speculative-max-running",
+        type=non_negative_int,
+        default=d.speculative_max_running,
+        help="draft only while at most this many requests run: a full batch keeps the machine busy "
+        f"without drafts (default {d.speculative_max_running})",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +349,11 @@ def _engine_config(args: argparse.Namespace, spec: ModelSpec | None) -> EngineCo
         kv_offload_disk_gib=args.kv_offload_disk,
         kv_offload_dtype=args.kv_offload_dtype,
         chat_template=args.chat_template,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        prompt_lookup_max=args.prompt_lookup_max,
+        prompt_lookup_min=args.prompt_lookup_min,
+        speculative_max_running=args.speculative_max_running,
     )
 
 

@@ -39,6 +39,9 @@ class SamplingParams:
     # partitions the prefix cache: cached blocks are reused only by requests with the same salt (the
     # gateway sets the caller's tenant, so one tenant's hits never reveal another's prompts)
     cache_salt: str | None = None
+    # OpenAI's predicted output as token ids: what the output will likely be (an edited document):
+    # drafted from by speculative decoding, it changes only how fast the output comes
+    prediction: tuple[int, ...] = ()
 
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -70,7 +73,11 @@ class SamplingParams:
         for ok, param, why in checks:
             if not ok:
                 raise InvalidRequestError(f"{param} {why}", param=param)
-        for param, ids in (("logit_bias", list(self.logit_bias)), ("stop_token_ids", self.stop_token_ids)):
+        for param, ids in (
+            ("logit_bias", list(self.logit_bias)),
+            ("stop_token_ids", self.stop_token_ids),
+            ("prediction", self.prediction),
+        ):
             if any(not 0 <= tid < vocab_size for tid in ids):
                 raise InvalidRequestError(f"{param} names a token id outside the vocabulary", param=param)
         if any(not -100 <= b <= 100 for b in self.logit_bias.values()):
@@ -164,6 +171,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     num_truncated_tokens: int = 0  # prompt tokens the engine dropped to fit the context (truncate_middle)
+    # speculative decoding, the choice's totals so far: tokens drafted, and of those the model accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     # with the first output, when asked: one entry per prompt token (the first has no logprob)
     prompt_logprobs: list[SampleResult] | None = None
     queue_time_s: float | None = None  # from arrival in the engine to first admission, once admitted
@@ -223,3 +233,5 @@ class EngineStats:
     grammar_cache_hits: int = 0
     grammar_cache_misses: int = 0  # grammars compiled
     kv_tiers: tuple[TierStats, ...] = ()  # the KV tiers below the device pool, when configured
+    spec_draft_tokens: int = 0  # speculative decoding since start: tokens drafted...
+    spec_accepted_tokens: int = 0  # ...and accepted by the model

@@ -149,8 +149,26 @@ class SamplingFields(Struct, kw_only=True, forbid_unknown_fields=True):
     json_schema: dict[str, Any] | None = None
 
 
+class PredictionText(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's predicted output: text the answer will mostly repeat (a file being edited). It only
+    speeds the answer up (its tokens are drafts for speculative decoding); the answer is unchanged."""
+
+    type: Literal["content"]
+    content: str | list[PredictionText]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
+    prediction: Prediction | None = None
     modalities: list[Literal["text"]] | None = None  # text is all we write; "audio" is a 400
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -198,11 +216,22 @@ class PromptTokensDetails(Struct, kw_only=True):
     truncated_messages: int = 0
 
 
+class CompletionTokensDetails(Struct, kw_only=True):
+    reasoning_tokens: int = 0
+    # OpenAI's names for a prediction's tokens that the output did and did not use; here the drafts of
+    # speculative decoding (--speculative ngram) the model accepted and rejected
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails = msgspec.field(
+        default_factory=CompletionTokensDetails
+    )
 
 
 class TopLogprob(Struct, kw_only=True):

@@ -18,6 +18,8 @@ KV_DTYPES: tuple[KVDType, ...] = ("auto", "int8", "int4", "fp8")
 AttentionKernels = Literal["auto", "torch", "triton", "cpu"]
 ATTENTION_KERNELS: tuple[AttentionKernels, ...] = ("auto", "torch", "triton", "cpu")
 OffloadDType = Literal["auto", "int8", "int4"]
+Speculative = Literal["off", "ngram"]
+SPECULATIVE: tuple[Speculative, ...] = ("off", "ngram")
 ContextOverflow = Literal["error", "truncate_middle", "sliding_window", "drop_old_turns"]
 CONTEXT_OVERFLOWS: tuple[ContextOverflow, ...] = (
     "error",
@@ -88,6 +90,14 @@ class EngineConfig:
     kv_offload_dtype: OffloadDType = "auto"  # what the disk tier stores: the cache's bytes, or int8 / int4
     # the text of a Jinja chat template used instead of the model's (`--chat-template FILE`, as vLLM's)
     chat_template: str | None = None
+    # speculative decoding (cloud/engine/speculative): ngram drafts tokens by prompt lookup (the
+    # request's own context), verified in one forward; off: one token per step
+    speculative: Speculative = "off"
+    num_speculative_tokens: int = 3  # drafted tokens per step at most
+    prompt_lookup_max: int = 4  # the longest n-gram looked up, tried first
+    prompt_lookup_min: int = 2  # the shortest n-gram looked up
+    # drafts only while at most this many requests run: a full batch already keeps the machine busy
+    speculative_max_running: int = 4
 
     @property
     def torch_device(self) -> torch.device:

@@ -32,7 +32,7 @@ from cloud.engine.runner.profile import profile_run
 from cloud.engine.sampling.sampler import Sampler
 from cloud.engine.scheduling.admission import Admission
 from cloud.engine.scheduling.overflow import OverflowPolicy
-from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig, TokenEvent
+from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig, SpecConfig, TokenEvent
 from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.model.chat_template import ChatTemplate
@@ -139,6 +139,7 @@ class EngineCore:
                 self.overflow.ring_blocks,
                 config.long_prefill_tokens,
                 config.kv_prune_budget,
+                self._speculative(config),
             ),
             self.pool,
             bs,
@@ -185,6 +186,24 @@ class EngineCore:
         self._children: dict[str, list[str]] = {}
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
+
+    def _speculative(self, config: EngineConfig) -> SpecConfig | None:
+        """Drafts from predicted outputs always, from prompt lookup with --speculative ngram."""
+        ngram = config.speculative == "ngram"
+        if config.attention == "sparse":  # a rejected draft's keys would widen its block's key bounds
+            if ngram:
+                raise InvalidRequestError("--speculative ngram needs dense attention, not --attention sparse")
+            return None  # (a prediction then only goes unused: the output is the same)
+        if config.prompt_lookup_min > config.prompt_lookup_max:
+            raise InvalidRequestError("--prompt-lookup-min is above --prompt-lookup-max")
+        return SpecConfig(
+            ngram,
+            config.num_speculative_tokens,
+            config.prompt_lookup_min,
+            config.prompt_lookup_max,
+            config.speculative_max_running,
+            within_block=config.kv_dtype in ("int8", "int4"),
+        )
 
     def _sync_pages(self) -> None:
         """The page map's changed rows to the cache's copy (on a CPU they share one tensor)."""
@@ -366,32 +385,48 @@ class EngineCore:
             choice = self._choices[rid]
             if choice.prompt_logprobs is not None:
                 choice.prompt_logprobs.update(scored)  # a recompute after preemption rewrites the same
-        events = self.scheduler.update(out, {rid: res.token_id for rid, res in result.sampled.items()})
+        sampled = {rid: [r.token_id for r in res] for rid, res in result.sampled.items()}
+        events = self.scheduler.update(out, sampled)
         if self.tiers is not None:
             self.tiers.write_through()  # the blocks this step filled, to disk
         return [self._emit(ev, result.sampled[ev.request.request_id]) for ev in events]
 
-    def _emit(self, ev: TokenEvent, res: SampleResult) -> RequestOutput:
+    def _emit(self, ev: TokenEvent, results: list[SampleResult]) -> RequestOutput:
+        """One output for the step's tokens of a request (several: drafts it accepted)."""
         req = ev.request
-        if res.rejected:  # never let output that left its grammar through as if it were fine
+        choice = self._choices[req.request_id]
+        finish = ev.finish
+        text, hit_stop, n = "", False, 0
+        for n, token in enumerate(ev.token_ids, 1):
+            if results[n - 1].rejected:  # never let output that left its grammar through as if it were fine
+                n -= 1
+                break
+            stop_token = (
+                n == len(ev.token_ids) and finish is FinishReason.STOP and token in self._stop_ids(req)
+            )
+            piece, hit_stop = choice.text.add(token, emit_text=not stop_token)
+            text += piece
+            if hit_stop:
+                break
+        if n < len(ev.token_ids):  # tokens past a stop string or a grammar's dead end are not output
+            del req.output_token_ids[n - len(ev.token_ids) :]
+            del req.token_ids[n - len(ev.token_ids) :]
+        if n < len(ev.token_ids) and not hit_stop:
             # the grammar allowed no token here (a dead end in it): this choice ends, the others go on
             self.scheduler.finish(req.request_id, FinishReason.ERROR)
             out = self._final(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
             out.error_code = "grammar_dead_end"
+            out.text, out.token_ids = text, ev.token_ids[:n]
             return out
-        choice = self._choices[req.request_id]
-        stop_token = ev.finish is FinishReason.STOP and ev.token_id in self._stop_ids(req)
-        text, hit_stop = choice.text.add(ev.token_id, emit_text=not stop_token)
-        finish = ev.finish
         if hit_stop and finish is None:
             finish = FinishReason.STOP
             self.scheduler.finish(req.request_id, finish)
         elif finish is not None:
             finish = FinishReason.STOP if hit_stop else finish
             text += choice.text.flush()
-        o = make_output(req, choice.parent_id, choice.index, text, [ev.token_id], finish)
+        o = make_output(req, choice.parent_id, choice.index, text, ev.token_ids[:n], finish)
         if req.params.logprobs is not None or req.params.constrained_logprobs:
-            o.logprobs = [res]
+            o.logprobs = results[:n]
         if choice.prompt_logprobs is not None and len(req.output_token_ids) == 1:
             first = SampleResult(req.prompt_token_ids[0])  # nothing precedes it: no logprob
             o.prompt_logprobs = [first] + [choice.prompt_logprobs[p] for p in range(1, req.num_prompt_tokens)]
@@ -449,6 +484,8 @@ class EngineCore:
             grammar_cache_hits=self.grammars.hits,
             grammar_cache_misses=self.grammars.misses,
             kv_tiers=() if self.tiers is None else self.tiers.stats(),
+            spec_draft_tokens=self.scheduler.num_draft_tokens,
+            spec_accepted_tokens=self.scheduler.num_accepted_tokens,
         )
 
     def next_request_id(self) -> str:

@@ -61,6 +61,8 @@ def make_output(
         num_cached_tokens=max(0, req.num_cached_tokens),
         num_output_tokens=len(req.output_token_ids),
         num_truncated_tokens=req.num_truncated_tokens,
+        num_draft_tokens=req.num_draft_tokens,
+        num_accepted_tokens=req.num_accepted_tokens,
         queue_time_s=None
         if req.first_scheduled_time is None
         else req.first_scheduled_time - req.arrival_time,

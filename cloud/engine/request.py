@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from shared.engine_types import ImageSpan, SamplingParams
 
 if TYPE_CHECKING:  # the grammar engine is imported only where grammars are compiled and applied
+    from cloud.engine.speculative.ngram import NgramIndex
     from cloud.grammar.compiled import CompiledGrammar
 
 
@@ -62,6 +63,12 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks of token_ids so far
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
     window_from: int = 0  # first block whose companion (local layers' pages, kv/layout.py) it holds
+    # speculative decoding: the lookup index of its tokens (built on its first draft), tokens drafted
+    # for it and of those accepted
+    lookup: NgramIndex | None = None
+    predicted: NgramIndex | None = None  # the same of its predicted output (params.prediction)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt then output, kept in step

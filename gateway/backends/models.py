@@ -91,6 +91,8 @@ class ModelsUpstream:
             grammar_cache_hits=sum(s.grammar_cache_hits for s in each),
             grammar_cache_misses=sum(s.grammar_cache_misses for s in each),
             kv_tiers=sum_tiers([t for s in each for t in s.kv_tiers]),
+            spec_draft_tokens=sum(s.spec_draft_tokens for s in each),
+            spec_accepted_tokens=sum(s.spec_accepted_tokens for s in each),
         )
 
     def dead_reason(self) -> str | None:

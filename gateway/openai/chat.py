@@ -138,6 +138,8 @@ def plan_chat(req: ChatCompletionRequest, backend: Backend) -> ChatPlan:
     params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
     params.grammar = grammar
     params.constrained_logprobs = structure is not None and structure.confidence
+    if req.prediction is not None:
+        params.prediction = tuple(backend.tokenizer.encode(req.prediction.text, add_special=False))
     backend.check(prompt_ids, params)
     return ChatPlan(
         prompt_ids,

@@ -36,7 +36,6 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 # OpenAI's own message.
 _UNSUPPORTED = {
     "audio": "this server writes text only; audio output is not supported",
-    "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "reasoning_effort": "the served models do not reason in a separate phase; remove reasoning_effort",
     "verbosity": "verbosity is not supported; ask for the length you want in the prompt or max_tokens",

@@ -14,7 +14,7 @@ from gateway.ops.observe import annotate
 from gateway.seam import Backend, Generation
 from shared.engine_types import RequestOutput, SampleResult
 from shared.errors import EngineError
-from shared.protocol import PromptTokensDetails, StructuredResult, Usage
+from shared.protocol import CompletionTokensDetails, PromptTokensDetails, StructuredResult, Usage
 
 
 @dataclass(slots=True)
@@ -38,12 +38,16 @@ class UsageTally:
     truncated_tokens: int = 0
     truncated_messages: int = 0
     completion_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: drafted for the choices, and of those accepted
+    accepted_tokens: int = 0
     _prompts: set[int] = field(default_factory=set)
 
     def add(self, out: RequestOutput, prompt_index: int = 0) -> None:
         if not out.finished:
             return
         self.completion_tokens += out.num_output_tokens
+        self.draft_tokens += out.num_draft_tokens
+        self.accepted_tokens += out.num_accepted_tokens
         if prompt_index not in self._prompts:
             self._prompts.add(prompt_index)
             self.prompt_tokens += out.num_prompt_tokens
@@ -62,6 +66,10 @@ class UsageTally:
                 cached_tokens=self.cached_tokens,
                 truncated_tokens=self.truncated_tokens,
                 truncated_messages=self.truncated_messages,
+            ),
+            completion_tokens_details=CompletionTokensDetails(
+                accepted_prediction_tokens=self.accepted_tokens,
+                rejected_prediction_tokens=self.draft_tokens - self.accepted_tokens,
             ),
         )
 

@@ -58,6 +58,14 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "ctxfuse_grammar_compilations", "Grammars compiled (grammar cache misses)", s.grammar_cache_misses
         )
+        yield CounterMetricFamily(
+            "ctxfuse_spec_decode_draft_tokens", "Tokens drafted by speculative decoding", s.spec_draft_tokens
+        )
+        yield CounterMetricFamily(
+            "ctxfuse_spec_decode_accepted_tokens",
+            "Drafted tokens the model accepted (over draft tokens: the acceptance rate)",
+            s.spec_accepted_tokens,
+        )
         if s.kv_tiers:
             yield from _tier_metrics(s)
 

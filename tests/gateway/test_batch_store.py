@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import tracemalloc
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,15 @@ def line(custom_id: str, url: str = CHAT, **over: object) -> bytes:
 def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Reopen]:
     made: list[Store] = []
     links: list[RedisLink] = []
+    # a namespace of the test's own: a batch runner of an earlier test's gateway still polling the
+    # session's Redis must not take these batches
+    namespace = f"test-{uuid.uuid4().hex}"
 
     def open_store(**kw: Any) -> Store:
         if request.param == "sqlite":
             s: Store = BatchStore(tmp_path / "db" / "batches.sqlite", **kw)
         else:
-            links.append(RedisLink(request.getfixturevalue("redis_url")))
+            links.append(RedisLink(request.getfixturevalue("redis_url"), namespace=namespace))
             s = RedisBatchStore(links[-1], **kw)
         made.append(s)
         return s
@@ -197,7 +201,8 @@ def test_result_files_are_written_a_page_at_a_time_not_built_in_memory(store: St
         store.put_result(b.id, i, True, b"%06d" % i + b"x" * (size - 6))
     tracemalloc.start()
     try:
-        assert store.finish(b.id, "completed") is not None
+        done = store.finish(b.id, "completed")
+        assert done is not None, f"the batch is no longer active: {store.get_batch(b.id)}"
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -99,7 +99,6 @@ def test_batch_create_refuses_an_unknown_field(client: openai.OpenAI) -> None:
     [
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "text only"),
         ({"modalities": ["text", "audio"]}, "modalities[1]", "audio"),
-        ({"prediction": {"type": "content", "content": "x"}}, "prediction", "not supported"),
         ({"reasoning_effort": "low"}, "reasoning_effort", "reason"),
         ({"web_search_options": {}}, "web_search_options", "web search"),
         ({"verbosity": "low"}, "verbosity", "not supported"),

@@ -39,8 +39,9 @@ from cloud.engine.kv.prune import compact
 from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, PruneOrder, prunes
 from cloud.engine.runner.cuda_graphs import CudaGraphs
 from cloud.engine.runner.input_batch import InputBatch
-from cloud.engine.sampling.sampler import Sampler, SampleRow, SamplingBatch
+from cloud.engine.sampling.sampler import Sampler, SampleRow
 from cloud.engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
+from cloud.engine.speculative.verify import sample_positions
 from cloud.model.causal_lm import CausalLM
 from cloud.model.llama import StepAttention
 from shared.engine_types import SampleResult
@@ -57,6 +58,8 @@ class StepInputs:
     sample_rows: list[SampleRow]  # the sampled requests, in logits order
     sample_steps: torch.Tensor  # [sampled] tokens each has generated
     sample_index: torch.Tensor  # [sampled] their rows in the input batch
+    sample_counts: list[int]  # [sampled] logits rows each: 1, or 1 + its drafts (speculative/verify.py)
+    drafts: list[list[int]]  # [sampled] the drafted tokens
     prompt_rows: list[tuple[str, int, int]]  # (request id, logits row, prompt position it predicts)
     slots_host: torch.Tensor  # [tokens] the KV slots, on the host (quantized caches plan from them)
     max_position: int
@@ -143,7 +146,7 @@ class ModelRunner:
         ctx = [c.start_pos + 1 - dropped for (c, _), dropped in zip(decode, drops, strict=True)]
         # a sliding row's sinks are rotated on by what it dropped; a pruned row's keys stay as cached
         shifts = [d if self.batch.sliding[row] else 0 for (_, row), d in zip(decode, drops, strict=True)]
-        logits_rows, sample_rows, sample_index, prompt_rows = self._logit_rows(decode + prefill)
+        logits_rows, sample_rows, sample_index, prompt_rows, counts = self._logit_rows(decode + prefill)
         steps = [len(r.token_ids) - r.num_prompt_tokens for r in sample_rows]
         seqs_host = []
         row_at = len(decode)
@@ -213,6 +216,8 @@ class ModelRunner:
             sample_rows,
             dev["steps"],
             dev["sample_index"],
+            counts,
+            [c.token_ids[len(c.token_ids) - c.num_drafts :] for c, _ in decode + prefill if c.sample],
             prompt_rows,
             torch.tensor(parts["slots"], dtype=torch.long),
             max(int(p[-1]) for p in pos),
@@ -222,12 +227,14 @@ class ModelRunner:
 
     def _logit_rows(
         self, ordered: list[tuple[ScheduledChunk, int]]
-    ) -> tuple[list[int], list[SampleRow], list[int], list[tuple[str, int, int]]]:
-        """The step rows whose next-token logits are wanted: sampled rows first, then prompt-scored."""
+    ) -> tuple[list[int], list[SampleRow], list[int], list[tuple[str, int, int]], list[int]]:
+        """The step rows whose next-token logits are wanted: sampled rows first (a chunk with drafts:
+        its last 1 + drafts rows), then prompt-scored; and how many rows each sampled chunk has."""
         rows: list[int] = []
         sampled: list[SampleRow] = []
         index: list[int] = []
         prompt: list[tuple[str, int, int]] = []
+        counts: list[int] = []
         at = 0
         for c, row in ordered:
             n = len(c.token_ids)
@@ -235,14 +242,15 @@ class ModelRunner:
             if state is None:
                 raise RuntimeError(f"request {c.request_id} has no row in the input batch")
             if c.sample:
-                rows.append(at + n - 1)
+                rows.extend(range(at + n - 1 - c.num_drafts, at + n))
                 sampled.append(state)
                 index.append(row)
+                counts.append(1 + c.num_drafts)
             if state.params.prompt_logprobs is not None:
                 last = min(c.start_pos + n, state.num_prompt_tokens - 1)  # predicting prompt tokens only
                 prompt += [(c.request_id, at + p - c.start_pos, p + 1) for p in range(c.start_pos, last)]
             at += n
-        return rows + [r for _, r, _ in prompt], sampled, index, prompt
+        return rows + [r for _, r, _ in prompt], sampled, index, prompt, counts
 
     def _observation_rows(self, ordered: list[tuple[ScheduledChunk, int]]) -> list[tuple[str, int, int]]:
         """(request id, first step row, rows) of the prompt's last OBSERVATION_WINDOW positions,
@@ -284,23 +292,19 @@ class ModelRunner:
         step = self.prepare(out)
         self.cache.begin_step(step.slots_host, step.meta.slot_mapping)
         logits = self._forward(step)
-        n = len(step.sample_rows)
+        n = sum(step.sample_counts)
         if n:
-            floats = self.batch.floats[step.sample_index]
-            ints = self.batch.ints[step.sample_index]
-            batch = SamplingBatch(
+            kept = sample_positions(
+                self.sampler,
+                logits[:n],
                 step.sample_rows,
-                floats[:, 0],
-                ints[:, 0],
-                floats[:, 1],
-                floats[:, 2],
-                ints[:, 1],
+                step.sample_counts,
+                step.drafts,
+                self.batch.floats[step.sample_index],
+                self.batch.ints[step.sample_index],
                 step.sample_steps,
             )
-            samples = self.sampler(logits[:n], batch)
-            for row, res in zip(step.sample_rows, samples, strict=True):
-                row.token_ids.append(res.token_id)
-            result.sampled = {r.request_id: res for r, res in zip(step.sample_rows, samples, strict=True)}
+            result.sampled = {r.request_id: res for r, res in zip(step.sample_rows, kept, strict=True)}
         if step.prompt_rows:
             states = {r.request_id: r for r in self.batch.state if r is not None}
             targets = [states[rid].token_ids[p] for rid, _, p in step.prompt_rows]
@@ -359,6 +363,7 @@ class _Observer:
 
 @dataclass(slots=True)
 class StepResult:
-    sampled: dict[str, SampleResult] = field(default_factory=dict)  # request id -> its new token
+    # request id -> its new tokens (more than one: drafts it accepted, then its own)
+    sampled: dict[str, list[SampleResult]] = field(default_factory=dict)
     # request id -> (prompt position, logprob of the prompt token there given what precedes it)
     prompt_logprobs: dict[str, list[tuple[int, SampleResult]]] = field(default_factory=dict)

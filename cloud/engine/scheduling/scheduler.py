@@ -30,6 +30,7 @@ from cloud.engine.kv.layout import PageLayout
 from cloud.engine.kv.manager import KVManager
 from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, PruneOrder, num_dropped_blocks, num_kept, prunes
 from cloud.engine.request import FinishReason, Request, RequestStatus
+from cloud.engine.speculative.ngram import NgramIndex
 from shared.engine_types import SamplingParams
 from shared.errors import QueueFullError
 
@@ -51,6 +52,22 @@ class SchedulerConfig:
     long_prefill_tokens: int = 0
     # a prompt longer than this keeps this many tokens' KV at most once computed (None: no pruning)
     prune_budget: int | None = None
+    speculative: SpecConfig | None = None  # drafts (None: one token per step)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """Speculative decoding: drafts from a request's predicted output (`prediction`), and with `ngram`
+    from its own context (prompt lookup, speculative/ngram.py)."""
+
+    ngram: bool = True
+    num_tokens: int = 3  # drafted per step at most
+    min_n: int = 2  # the n-gram sizes looked up
+    max_n: int = 4
+    max_running: int = 4  # drafts only while at most this many requests run
+    # a quantized cache rounds a block once its last slot is written: drafts never complete a block,
+    # since a rejected one would leave the block's codes wrong
+    within_block: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +90,8 @@ class ScheduledChunk:
     block_ids: list[int]  # all of the request's blocks, in position order
     sample: bool  # the chunk reaches the last known token: sample the next one
     new: NewRequestData | None = None  # set on the step that admits the request
+    # speculative decoding: token_ids ends with this many drafted tokens, sampled from (verified) too
+    num_drafts: int = 0
     request_id: str = ""
 
     def __post_init__(self) -> None:
@@ -93,11 +112,16 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class TokenEvent:
-    """A request sampled `token_id` this step; `finish` tells if that ended it."""
+    """A request sampled `token_ids` this step (more than one: drafts it accepted); `finish` tells if
+    the last ended it."""
 
     request: Request
-    token_id: int
+    token_ids: list[int]
     finish: FinishReason | None
+
+    @property
+    def token_id(self) -> int:
+        return self.token_ids[-1]
 
 
 class Scheduler:
@@ -113,6 +137,8 @@ class Scheduler:
         self.prefix_queried_tokens = 0  # prompt tokens looked up in the prefix cache at first admission
         self.prefix_hit_tokens = 0  # of which were found there
         self.num_preemptions = 0
+        self.num_draft_tokens = 0  # speculative decoding: tokens drafted since start...
+        self.num_accepted_tokens = 0  # ...and accepted
         self._finished: list[str] = []  # ids ended since the last schedule()
 
     @staticmethod
@@ -156,7 +182,9 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         bisect.insort(self.waiting, req, key=self._order)
 
-    def _chunk(self, req: Request, num_new: int, admitted: bool = False) -> ScheduledChunk:
+    def _chunk(
+        self, req: Request, num_new: int, admitted: bool = False, drafts: list[int] | None = None
+    ) -> ScheduledChunk:
         start = req.num_computed_tokens
         end = start + num_new
         new = None
@@ -164,9 +192,60 @@ class Scheduler:
             new = NewRequestData(
                 tuple(req.token_ids), req.num_prompt_tokens, req.params, req.grammar, req.sliding
             )
+        drafts = drafts or []
         return ScheduledChunk(
-            req, req.token_ids[start:end], start, list(req.block_ids), end == req.num_tokens, new
+            req,
+            req.token_ids[start:end] + drafts,
+            start,
+            list(req.block_ids),
+            end == req.num_tokens,
+            new,
+            len(drafts),
         )
+
+    def _drafts(self, req: Request, budget: int) -> list[int]:
+        """Tokens drafted for a decoding request this step ([] when it should not speculate)."""
+        spec = self.config.speculative
+        start = req.num_computed_tokens
+        if (
+            spec is None
+            or req.num_tokens - start != 1
+            or len(self.running) > spec.max_running
+            or req.sliding
+            or prunes(req.num_prompt_tokens, self.config.prune_budget)
+        ):
+            return []
+        # the last output is bound by max_tokens and the context, as without drafts
+        k = min(
+            spec.num_tokens,
+            budget - 1,
+            req.params.max_tokens - len(req.output_token_ids) - 1,
+            self.config.max_model_len - req.num_tokens,
+        )
+        if spec.within_block:
+            k = min(k, self.kv.block_size - 2 - start % self.kv.block_size)
+        if k <= 0:
+            return []
+        if req.params.prediction:
+            drafts = self._predicted(req, spec, k)
+            if drafts or not spec.ngram:
+                return drafts
+        if not spec.ngram:
+            return []
+        if req.lookup is None:
+            req.lookup = NgramIndex(spec.min_n, spec.max_n)
+        return req.lookup.propose(req.token_ids, k)
+
+    @staticmethod
+    def _predicted(req: Request, spec: SpecConfig, k: int) -> list[int]:
+        """Drafts from the request's predicted output: its next tokens while the output has followed
+        it from the start, else what follows the output's end where the prediction has it."""
+        pred, out = req.params.prediction, req.output_token_ids
+        if len(out) <= spec.max_n and tuple(out) == pred[: len(out)]:
+            return list(pred[len(out) : len(out) + k])
+        if req.predicted is None:
+            req.predicted = NgramIndex(spec.min_n, spec.max_n)
+        return req.predicted.find(pred, len(pred), req.token_ids, k)
 
     def _prefill_cap(self) -> int:
         """The most tokens one prefill chunk may take this step."""
@@ -187,7 +266,12 @@ class Scheduler:
                 continue
             start = req.num_computed_tokens
             num_new = self._until_prune(req, start, min(req.num_tokens - start, budget, cap))
+            drafts = self._drafts(req, budget)
+            num_new += len(drafts)
             while not (self._prune(req, out) and self.kv.allocate(req, num_new)):
+                if drafts:  # drafts never cost another request its place
+                    num_new, drafts = num_new - len(drafts), []
+                    continue
                 # the lowest-priority request not yet handed out this step (req itself qualifies)
                 victim = max((r for r in self.running if id(r) not in scheduled), key=self._order)
                 self._preempt(victim)
@@ -196,7 +280,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                out.chunks.append(self._chunk(req, num_new))
+                out.chunks.append(self._chunk(req, num_new - len(drafts), drafts=drafts))
                 scheduled.add(id(req))
                 budget -= num_new
         if not out.preempted:
@@ -271,26 +355,42 @@ class Scheduler:
         out.prunes.append(PruneOrder(req.request_id, old, fresh, p, kept))
         return True
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[TokenEvent]:
-        """Advance progress counters after the runner computed `out`; record sampled tokens."""
+    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[TokenEvent]:
+        """Advance progress counters after the runner computed `out`; record sampled tokens (a chunk
+        with drafts: the drafts the model accepted, then its own next token)."""
         events = []
         for chunk in out.chunks:
             req = chunk.request
             if req.status is not RequestStatus.RUNNING:  # aborted while the step ran
                 continue
-            req.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
+            tokens = sampled.get(req.request_id, [])
+            finish = None
+            appended: list[int] = []
+            for token in tokens:  # up to the one that ends the request
+                appended.append(token)
+                finish = req.append_token(token)
+                if finish is None and req.num_tokens >= self.config.max_model_len and not req.sliding:
+                    finish = FinishReason.LENGTH
+                if finish is not None:
+                    break
+            if chunk.num_drafts:
+                accepted = len(tokens) - 1
+                req.num_draft_tokens += chunk.num_drafts
+                req.num_accepted_tokens += accepted
+                self.num_draft_tokens += chunk.num_drafts
+                self.num_accepted_tokens += accepted
+                # the KV of the last known token and the accepted drafts: all but the newest token
+                req.num_computed_tokens = req.num_tokens - 1
+            else:
+                req.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
             if not req.pruned:  # a pruned request's blocks do not hold its tokens' hash chain
                 self.kv.register_full_blocks(req)
             if req.sliding:
                 self.kv.slide(req, self.config.sink_blocks, self.config.ring_blocks)
             self.kv.slide_windows(req)
-            token = sampled.get(req.request_id)
-            if token is None:
+            if not appended:
                 continue
-            finish = req.append_token(token)
-            if finish is None and req.num_tokens >= self.config.max_model_len and not req.sliding:
-                finish = FinishReason.LENGTH
-            events.append(TokenEvent(req, token, finish))
+            events.append(TokenEvent(req, appended, finish))
             if finish is not None:
                 self.finish(req.request_id, finish)
         return events

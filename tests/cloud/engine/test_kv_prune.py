@@ -119,7 +119,7 @@ def _drive(s: Scheduler, steps: int) -> list:  # type: ignore[type-arg]
     outs = []
     for _ in range(steps):
         out = s.schedule()
-        s.update(out, {c.request_id: 7 for c in out.chunks if c.sample})
+        s.update(out, {c.request_id: [7] for c in out.chunks if c.sample})
         outs.append(out)
     return outs
 
@@ -144,7 +144,7 @@ def test_a_pruned_prompt_trades_its_blocks_for_fresh_ones_and_stays_cached() -> 
     assert pool.num_free == 40 - 11
     cached_before = dict(pool.cached)
     assert sorted(cached_before.values()) == list(range(17))  # 17 full prompt blocks
-    s.update(out, {"r": 7})
+    s.update(out, {"r": [7]})
     _drive(s, 4)  # decodes to the end: its blocks never enter the prefix cache
     assert r.is_finished and pool.cached == cached_before and pool.num_free == 40
 

@@ -103,7 +103,7 @@ def test_a_sliding_request_keeps_its_sinks_and_a_ring_of_recent_blocks() -> None
     while finish is None:
         out = s.schedule()
         assert sum(1 for b in r.block_ids if b >= 0) <= 6  # never more than the context
-        sampled = {c.request.request_id: 7 for c in out.chunks if c.sample}
+        sampled = {c.request.request_id: [7] for c in out.chunks if c.sample}
         events = s.update(out, sampled)
         finish = events[0].finish if events else None
         if finish is not None:

@@ -164,7 +164,7 @@ def _most_tokens_held(groups: int, pages: int) -> tuple[int, int]:
     while sched.num_unfinished:
         out = sched.schedule()
         sampled = {
-            c.request.request_id: 1
+            c.request.request_id: [1]
             for c in out.chunks
             if c.start_pos + len(c.token_ids) == c.request.num_tokens
         }

@@ -46,7 +46,9 @@ def step(s: Scheduler, tokens: dict[str, int] | None = None) -> tuple[SchedulerO
     """One engine step: sample a token for every chunk that reached its request's end."""
     out = s.schedule()
     tokens = tokens or {}
-    sampled = {c.request.request_id: tokens.get(c.request.request_id, TOKEN) for c in out.chunks if c.sample}
+    sampled = {
+        c.request.request_id: [tokens.get(c.request.request_id, TOKEN)] for c in out.chunks if c.sample
+    }
     return out, s.update(out, sampled)
 
 

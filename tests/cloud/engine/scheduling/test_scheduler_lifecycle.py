@@ -133,7 +133,7 @@ def test_abort_while_the_step_runs_drops_its_result() -> None:
     s.add(req("b", list(range(10, 15)), t=1))
     out = s.schedule()
     s.finish("a", FinishReason.ABORT)
-    evs = s.update(out, {"a": 1, "b": 2})
+    evs = s.update(out, {"a": [1], "b": [2]})
     assert events(evs) == [("b", 2, None)]
     assert pool.num_free == 6
 

@@ -65,7 +65,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             victim = data.draw(st.sampled_from([c.request.request_id for c in out.chunks]))
             self._abort(victim)
         sampled = {
-            c.request.request_id: data.draw(st.integers(EOS, 5), label=c.request.request_id)
+            c.request.request_id: [data.draw(st.integers(EOS, 5), label=c.request.request_id)]
             for c in out.chunks
             if c.sample
         }
@@ -228,7 +228,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self.s.requests:
                 break
             out = self.s.schedule()
-            self.s.update(out, {c.request.request_id: 1 for c in out.chunks if c.sample})
+            self.s.update(out, {c.request.request_id: [1] for c in out.chunks if c.sample})
             self.ref_counts_equal_holders()
             self.requests_hold_consistent_blocks()
         assert not self.s.requests, f"livelock: {sorted(self.s.requests)} never finished"

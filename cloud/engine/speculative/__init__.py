@@ -1,0 +1,1 @@
+"""Speculative decoding: drafts (ngram.py) verified in the step's one forward (verify.py)."""
