@@ -40,8 +40,7 @@ def line(custom_id: str, url: str = CHAT, **over: object) -> bytes:
 def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Reopen]:
     made: list[Store] = []
     links: list[RedisLink] = []
-    # a namespace of the test's own: a batch runner of an earlier test's gateway still polling the
-    # session's Redis must not take these batches
+    # a namespace of the test's own: nothing another test leaves in the session's Redis reaches it
     namespace = f"test-{uuid.uuid4().hex}"
 
     def open_store(**kw: Any) -> Store:
