@@ -180,6 +180,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     from cloud.bench.longctx import add_longctx_parser
     from cloud.bench.prefill_cap import add_prefill_cap_parser
     from cloud.bench.schemabench import add_schemas_parser
+    from cloud.bench.speculative import add_speculative_parser
     from cloud.bench.step_profile import add_step_profile_parser
     from cloud.bench.structured_bench import add_structured_parser
     from ctxfuse.engine_cli import add_engine_options
@@ -209,6 +210,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     add_shared_state_bench_parser(bench)
     add_longctx_parser(bench)
     add_prefill_cap_parser(bench)
+    add_speculative_parser(bench)
     add_kv_tiers_parser(bench)
     add_kv_layout_parser(bench)
     add_structured_parser(bench)
