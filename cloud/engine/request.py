@@ -69,6 +69,8 @@ class Request:
     predicted: NgramIndex | None = None  # the same of its predicted output (params.prediction)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    draft_misses: int = 0  # verifying steps in a row that kept none of its drafts
+    drafts_resume_at: int = 0  # drafting pauses until it has this many tokens (scheduler.BACK_OFF)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt then output, kept in step

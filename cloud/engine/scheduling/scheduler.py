@@ -55,6 +55,12 @@ class SchedulerConfig:
     speculative: SpecConfig | None = None  # drafts (None: one token per step)
 
 
+# After this many verifying steps in a row that kept none of their drafts, a request stops drafting
+# for 2**misses tokens (at most MAX_PAUSE): text its context does not predict costs it almost nothing
+BACK_OFF = 2
+MAX_PAUSE = 64
+
+
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
     """Speculative decoding: drafts from a request's predicted output (`prediction`), and with `ngram`
@@ -213,6 +219,7 @@ class Scheduler:
             or len(self.running) > spec.max_running
             or req.sliding
             or prunes(req.num_prompt_tokens, self.config.prune_budget)
+            or req.num_tokens < req.drafts_resume_at
         ):
             return []
         # the last output is bound by max_tokens and the context, as without drafts
@@ -379,6 +386,9 @@ class Scheduler:
                 req.num_accepted_tokens += accepted
                 self.num_draft_tokens += chunk.num_drafts
                 self.num_accepted_tokens += accepted
+                req.draft_misses = 0 if accepted else req.draft_misses + 1
+                if req.draft_misses >= BACK_OFF:
+                    req.drafts_resume_at = req.num_tokens + min(2**req.draft_misses, MAX_PAUSE)
                 # the KV of the last known token and the accepted drafts: all but the newest token
                 req.num_computed_tokens = req.num_tokens - 1
             else:
