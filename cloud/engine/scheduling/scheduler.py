@@ -213,9 +213,10 @@ class Scheduler:
         """Tokens drafted for a decoding request this step ([] when it should not speculate)."""
         spec = self.config.speculative
         start = req.num_computed_tokens
+        if spec is None or not (spec.ngram or req.params.prediction):  # (the default: nothing to draft)
+            return []
         if (
-            spec is None
-            or req.num_tokens - start != 1
+            req.num_tokens - start != 1
             or len(self.running) > spec.max_running
             or req.sliding
             or prunes(req.num_prompt_tokens, self.config.prune_budget)
