@@ -61,6 +61,19 @@ def _cmd_bench_agreement(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_gateway(args: argparse.Namespace) -> int:
+    if args.fleet:
+        from gateway.bench.router_overhead import RouterBenchOptions
+        from gateway.bench.router_overhead import run as run_fleet
+
+        fleet = RouterBenchOptions(
+            duration_s=args.duration,
+            prompt_tokens=tuple(args.prompt_tokens),
+            connections=args.connections,
+            fleet_connections=args.fleet_connections,
+            kinds=tuple(args.fleet_backends),
+        )
+        print(json.dumps(run_fleet(fleet), indent=2))
+        return 0
     from gateway.bench.run import GatewayBenchOptions, run
 
     options = GatewayBenchOptions(
@@ -74,17 +87,28 @@ def _cmd_bench_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connection_counts(text: str) -> list[int]:
+def _counts(text: str) -> list[int]:
     try:
         counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError("connection counts must be >= 1")
+        raise argparse.ArgumentTypeError("counts must be >= 1")
     return counts
 
 
+def _kinds(text: str) -> list[str]:
+    from gateway.bench.router_overhead import KINDS
+
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    if not kinds or set(kinds) - set(KINDS):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(KINDS)}, got {text!r}")
+    return kinds
+
+
 def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ctxfuse.cli_values import positive_int
+    from gateway.bench.router_overhead import RouterBenchOptions
     from gateway.bench.run import GatewayBenchOptions
 
     d = GatewayBenchOptions()
@@ -103,7 +127,7 @@ def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.Argument
     )
     bg.add_argument(
         "--steps",
-        type=_connection_counts,
+        type=_counts,
         default=list(d.steps),
         help="connection counts stepped through to find the highest rate within the p99 budget "
         f"(default {','.join(map(str, d.steps))})",
@@ -119,6 +143,36 @@ def add_bench_gateway_parser(bench: argparse._SubParsersAction[argparse.Argument
         action="store_true",
         help="also measure the same gateway on uvicorn's httptools without connection limits, side by "
         "side (what the limits cost)",
+    )
+    r = RouterBenchOptions()
+    bg.add_argument(
+        "--fleet",
+        action="store_true",
+        help="measure the fleet router instead (`ctxfuse serve --backend URL`) in front of an "
+        "OpenAI-compatible server that answers at once, beside that server reached directly: latency "
+        "added at --connections, requests/s at --fleet-connections, plain and streamed chats of each "
+        "--prompt-tokens size, against issue 30's aims (--steps, --p99-budget-ms and "
+        "--compare-unlimited do not apply)",
+    )
+    bg.add_argument(
+        "--prompt-tokens",
+        type=_counts,
+        default=list(r.prompt_tokens),
+        help="with --fleet: the chats' prompt sizes, about this many tokens each "
+        f"(default {','.join(map(str, r.prompt_tokens))})",
+    )
+    bg.add_argument(
+        "--fleet-connections",
+        type=positive_int,
+        default=r.fleet_connections,
+        help=f"with --fleet: connections for the requests/s figure (default {r.fleet_connections})",
+    )
+    bg.add_argument(
+        "--fleet-backends",
+        type=_kinds,
+        default=",".join(r.kinds),
+        help="with --fleet: the backends measured, comma-separated: openai (a relayed OpenAI-compatible "
+        "server) and worker (a ctxfuse worker behind the engine seam) (default %(default)s)",
     )
     bg.set_defaults(func=_cmd_bench_gateway)
 

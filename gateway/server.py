@@ -26,6 +26,7 @@ from gateway.seam import Backend
 from gateway.state import Gateway
 from shared import conn_limits
 from shared.draining import DrainingServer
+from shared.heap import freeze_loaded
 from shared.keep_alive import SERVER_KEEP_ALIVE_S
 
 log = structlog.get_logger("ctxfuse.gateway")
@@ -55,6 +56,8 @@ class GatewayServer(DrainingServer):
         # `serve` stops when the engine dies; an embedder (a test) may keep answering 503 instead
         self.exit_on_engine_death = exit_on_engine_death
         self.engine_died = False  # the stop was for a dead engine: `serve` exits non-zero
+        # gc.freeze() once started: only in a process of its own (run_servers), never a test's
+        self.freeze_heap = False
 
     async def on_tick(self, counter: int) -> bool:
         # uvicorn's main loop asks every 0.1 s whether to stop: a dead engine is a reason to
@@ -78,6 +81,8 @@ class GatewayServer(DrainingServer):
 
     async def startup(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         await super().startup(sockets)  # type: ignore[arg-type]
+        if self.freeze_heap:  # the app, its upstream and its tables, started: not walked by the GC again
+            freeze_loaded()
         if self.started and self.announce:
             cfg = self.gateway.config
             port = self.bound_port or cfg.port
@@ -128,7 +133,9 @@ def server_for(
 
 
 def run_servers(server: GatewayServer) -> None:
-    """Run the gateway, and its edge listener when configured, until a signal stops them."""
+    """Run the gateway, and its edge listener when configured, until a signal stops them. The
+    process is the server's own (the CLI's): what it loaded at its start is frozen (shared/heap.py)."""
+    server.freeze_heap = True
     if server.gateway.config.edge_port is None:
         server.run()
         return

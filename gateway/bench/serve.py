@@ -6,6 +6,10 @@ request log included, written to a discarded stderr) over the instant engine;
 httptools protocol, without the connection limits (shared/conn_limits.py) every listener has: what
 those limits cost, measured beside the real thing (`ctxfuse bench gateway --compare-unlimited`);
 `python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app;
+`python -m gateway.bench.serve upstream PORT MODEL PLAIN.json STREAMED.json` serves an instant
+OpenAI-compatible server for a router to stand before (`ctxfuse bench gateway --fleet`);
+`python -m gateway.bench.serve instant-worker PORT` serves a ctxfuse worker over the instant engine
+with the default model's tokenizer and template (the same bench, behind the engine seam);
 `python -m gateway.bench.serve keyed PORT DATA_DIR [REDIS_URL]` serves the gateway whose tenants'
 keys and limits live in DATA_DIR or in that Redis (for `ctxfuse bench shared-state`);
 `python -m gateway.bench.serve edge PORT EDGE_PORT TLS_DIR STORE` serves the gateway and its
@@ -123,6 +127,40 @@ def _serve_baseline(port: int, recorded: Path) -> None:
     uvicorn.Server(config).run()
 
 
+def _serve_upstream(port: int, model: str, plain: Path, streamed: Path) -> None:
+    from gateway.bench.baseline import Recorded
+    from gateway.bench.instant_upstream import InstantUpstream
+
+    app = InstantUpstream(model, Recorded.load(plain), Recorded.load(streamed))
+    config = uvicorn.Config(app, host=HOST, port=port, access_log=False, log_config=None, lifespan="off")
+    uvicorn.Server(config).run()
+
+
+WORKER_KEY = "bench-worker-key"  # the instant worker's key: its router sends it (--backend-key)
+WORKER_CONTEXT = 32_768  # room for the 16,000-token prompts of `bench gateway --fleet`
+
+
+def _serve_instant_worker(port: int) -> None:
+    """A `ctxfuse worker` whose engine answers at once (the instant engine) but whose text side is
+    the default model's tokenizer and chat template: a router before it templates, tokenizes and keys
+    prompts as before a real worker, and only the generation is free."""
+    from cloud.engine.kv.block_events import BlockEventLog
+    from cloud.model.text_side import describe_text_side, load_text_side
+    from gateway.backends.worker import WorkerEngine
+    from gateway.bench.fake_engine import MODEL_NAME, InstantBackend
+    from gateway.config import GatewayConfig
+    from gateway.server import build_server
+
+    tokenizer, template = load_text_side(None)
+    backend = InstantBackend()
+    backend.tokenizer, backend.max_model_len = tokenizer, WORKER_CONTEXT
+    side = describe_text_side(MODEL_NAME, tokenizer, template, max_model_len=WORKER_CONTEXT)
+    worker = WorkerEngine(block_size=16, max_num_seqs=256, events=BlockEventLog(), text_side=side)
+    with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-worker-") as data:
+        config = GatewayConfig(port=port, data_dir=Path(data), api_key=WORKER_KEY, log_level="warning")
+        build_server(backend, config, announce=False, worker=worker).run()
+
+
 def main(argv: list[str]) -> int:
     kind, port = argv[0], int(argv[1])
     if kind == "gateway":
@@ -131,6 +169,10 @@ def main(argv: list[str]) -> int:
         _serve_gateway(port, limited=False)
     elif kind == "keyed":
         _serve_keyed(port, Path(argv[2]), argv[3] if len(argv) > 3 else None)
+    elif kind == "instant-worker":
+        _serve_instant_worker(port)
+    elif kind == "upstream":
+        _serve_upstream(port, argv[2], Path(argv[3]), Path(argv[4]))
     elif kind == "edge":
         _serve_edge_gateway(port, int(argv[2]), Path(argv[3]), Path(argv[4]))
     else:

@@ -6,12 +6,14 @@ as embeddings input on a server that refuses them. Never a 500."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 
 import httpx
 import pytest
 
 from cloud.serving.in_process import InProcessBackend
+from gateway.openai.decode import nesting_depth
 from gateway.openai.results import check_finish
 from shared.engine_types import RequestOutput
 from shared.errors import EngineError
@@ -44,6 +46,38 @@ def test_a_schema_nested_thousands_deep_is_a_400_naming_the_limit(served: Served
     )
     error = error_of(post(served.url, "/v1/chat/completions", body))
     assert error["code"] == "nesting_too_deep" and "at most 128" in str(error["message"])
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+def test_the_depth_scan_skips_brackets_and_escaped_quotes_inside_strings() -> None:
+    """The scan that refuses deep bodies before decoding counts the nesting a decoder sees: brackets
+    and quotes inside strings (escaped backslashes before a quote included) are text."""
+    rng = random.Random(0)
+    chars = 'ab"\\[]{}\né'
+
+    def text() -> str:
+        return "".join(rng.choice(chars) for _ in range(rng.randint(0, 8)))
+
+    def value(level: int) -> object:
+        k = rng.random()
+        if level > 6 or k < 0.3:
+            return text()
+        if k < 0.6:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {text(): value(level + 1) for _ in range(rng.randint(0, 3))}
+
+    for _ in range(3000):
+        v = value(0)
+        for ascii_only in (True, False):
+            body = json.dumps(v, ensure_ascii=ascii_only).encode()
+            assert nesting_depth(body) == _depth(v), body
 
 
 def test_a_deep_but_reasonable_body_still_decodes(served: Served) -> None:

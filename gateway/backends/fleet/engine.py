@@ -25,7 +25,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import msgspec
 import numpy as np
 import structlog
@@ -35,8 +34,10 @@ from cloud.model.tokenizer import Tokenizer
 from cloud.text.prompt import render_chat_prompt
 from gateway.backends.fleet.backend import FleetBackend
 from gateway.backends.fleet.fleet import Fleet
+from gateway.backends.fleet.key_memo import Tokens
 from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.proxy import begin, done, failed, post, route
+from gateway.backends.fleet.wire import WireError, WireResponse
 from shared.block_hash import salt_key
 from shared.engine_types import (
     ChatPrompt,
@@ -95,10 +96,17 @@ class FleetEngine:
         self.template = template
         self.pinned: str | None = None
         self.answered_by: list[str] = []
+        # a chat's prompt through the key memo (keys.py), when the fleet's keys use this text side:
+        # a conversation's next turn tokenizes only its new tail
+        self.keys = fleet.keys if fleet.keys is not None and fleet.keys.tokenizer is tokenizer else None
+        self.extra_key = b""  # the request's partition of the memo (its tenant's salt key)
+        self._prompt: Tokens | None = None  # the last prompt encode_chat made, for submit's keys
 
-    def for_request(self, pinned: str | None) -> FleetEngine:
+    def for_request(self, pinned: str | None, extra_key: bytes = b"") -> FleetEngine:
+        """A view for one request, pinned to a canary version or not; `extra_key`: the salt key of
+        its tenant's prefix-cache partition (the one its sampling parameters will name)."""
         view = copy.copy(self)
-        view.pinned, view.answered_by = pinned, []
+        view.pinned, view.answered_by, view.extra_key, view._prompt = pinned, [], extra_key, None
         return view
 
     # -- planning (no worker asked) ----------------------------------------------------------------
@@ -113,9 +121,12 @@ class FleetEngine:
         tool_choice: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> ChatPrompt:
-        return render_chat_prompt(
-            self.template, self.tokenizer, messages, tools, tool_choice, template_kwargs
-        )
+        if self.keys is None:
+            return render_chat_prompt(
+                self.template, self.tokenizer, messages, tools, tool_choice, template_kwargs
+            )
+        self._prompt = self.keys.prompt(messages, tools, tool_choice, template_kwargs, self.extra_key)
+        return ChatPrompt(self._prompt.token_ids)
 
     def check_text_size(self, num_chars: int) -> None:
         check_text_size(self.context_overflow, self.max_model_len, num_chars, self.tokenizer.max_token_bytes)
@@ -146,7 +157,12 @@ class FleetEngine:
             )
         )
         salt = b"" if params.cache_salt is None else salt_key(params.cache_salt)
-        keys = RequestKeys(prompt_token_ids, "", salt)
+        made = self._prompt
+        if made is not None and salt == self.extra_key and made.token_ids is prompt_token_ids:
+            # the memo's prompt: its leading block hashes come from the earlier turn's chains
+            keys = RequestKeys(prompt_token_ids, "", salt, made.earlier, made.chains)
+        else:
+            keys = RequestKeys(prompt_token_ids, "", salt)
         gen = RemoteGeneration(self, request_id, params.n, body, keys)
         await gen.open()
         return gen
@@ -171,7 +187,7 @@ class FleetEngine:
         """Backends that are not ctxfuse workers: never sent a planned request."""
         return {b.name for b in self.fleet.backends if b.kind != "ctxfuse"}
 
-    async def send(self, b: FleetBackend, path: str, body: bytes, *, stream: bool) -> httpx.Response | str:
+    async def send(self, b: FleetBackend, path: str, body: bytes, *, stream: bool) -> WireResponse | str:
         """The worker's 200 (streaming: still open, counted in flight until `done`), or why it failed
         (a str: try another); its refusal (4xx) raised."""
         fleet = self.fleet
@@ -184,7 +200,7 @@ class FleetEngine:
             if resp.status_code != 200 or not stream:
                 try:
                     content = await resp.aread()
-                except httpx.HTTPError as exc:
+                except WireError as exc:
                     return failed(fleet, b, "transport", exc, start)
                 finally:
                     await resp.aclose()
@@ -238,7 +254,7 @@ class RemoteGeneration:
         self._keys = keys
         self._unfinished = set(range(n))
         self._tried: set[str] = set()
-        self._resp: httpx.Response | None = None
+        self._resp: WireResponse | None = None
         self._backend: FleetBackend | None = None
         self._start = 0.0
         self._closed = False
@@ -248,7 +264,7 @@ class RemoteGeneration:
     async def open(self) -> None:
         engine = self._engine
 
-        async def send(b: FleetBackend) -> tuple[FleetBackend, httpx.Response] | str:
+        async def send(b: FleetBackend) -> tuple[FleetBackend, WireResponse] | str:
             resp = await engine.send(b, GENERATE_PATH, self._body, stream=True)
             return resp if isinstance(resp, str) else (b, resp)
 
@@ -280,7 +296,7 @@ class RemoteGeneration:
                         yield out
                 if self._unfinished:
                     why = "its stream ended before the request finished"
-            except (httpx.HTTPError, httpx.StreamError, msgspec.DecodeError) as exc:
+            except (WireError, msgspec.DecodeError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
             finally:
                 await self._release(ok=why is None)

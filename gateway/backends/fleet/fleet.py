@@ -22,6 +22,7 @@ from gateway.backends.fleet.index import PrefixIndex
 from gateway.backends.fleet.keys import KeyMaker, RequestKeys, prompt_text
 from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
 from gateway.backends.fleet.shared import FleetSync
+from gateway.backends.fleet.wire import WireClient
 from gateway.errors import ServiceUnavailableError
 from shared.fleet_protocol import TextSide
 from shared.keep_alive import ROUTER_KEEP_ALIVE_S
@@ -72,6 +73,8 @@ class Fleet:
             auth=BackendAuth(lambda: [b.spec for b in self.backends], config.backend_key),
             limits=httpx.Limits(max_connections=None, keepalive_expiry=ROUTER_KEEP_ALIVE_S),
         )
+        # the work itself (relayed bodies, the seam's generate and embed) goes on a leaner client
+        self.wire = WireClient(config.connect_timeout_s, READ_TIMEOUT_S, ROUTER_KEEP_ALIVE_S)
         for version in self.canary.versions:
             self._export_version(version)
 
@@ -155,20 +158,25 @@ class Fleet:
     ) -> tuple[RequestKeys, int]:
         """(its prefix keys, its prompt tokens when `count` asks for them, else 0) of a decoded
         chat or completion request; `extra_key`: the tenant's (salt_key), which keeps the prompts the
-        router remembers apart per tenant. It tokenizes: call it off the loop."""
+        router remembers apart per tenant. It tokenizes when `tokenizes(count)`: call it off the loop
+        then."""
         if self.keys is None:
             if count:  # a limit in tokens cannot be kept without the tokenizer: refused, not guessed
                 raise ServiceUnavailableError(
                     "the router has no tokenizer yet: no ctxfuse worker has answered its health check"
                 )
             return RequestKeys([], prompt_text(req), extra_key), 0
-        # tokenizing is wasted work unless a backend matches token blocks or tokens are counted
-        tokenize = count or any(b.reports_blocks for b in self.backends)
+        tokenize = self.tokenizes(count)
         if isinstance(req, ChatCompletionRequest):
             keys = self.keys.chat(req, tokenize, extra_key)
         else:
             keys = self.keys.completion(req, tokenize, extra_key)
         return keys, self.keys.prompt_tokens(req, keys) if count else 0
+
+    def tokenizes(self, count: bool) -> bool:
+        """Whether keying a request tokenizes it: only when tokens are counted or some backend
+        matches token blocks (else its keys are hashes of its text, cheap enough for the loop)."""
+        return self.keys is not None and (count or any(b.reports_blocks for b in self.backends))
 
     def max_model_len(self) -> int | None:
         """The largest context a backend reports (None: none reports one)."""
@@ -204,5 +212,11 @@ class Fleet:
         if self.sync is not None:
             self.sync.remembered(backend.name, chain)
 
+    def credential(self, backend: FleetBackend) -> str | None:
+        """The Authorization header the router presents to `backend` (as BackendAuth does)."""
+        key = backend.spec.api_key or self.config.backend_key
+        return f"Bearer {key}" if key else None
+
     async def close(self) -> None:
+        self.wire.close()
         await self.client.aclose()

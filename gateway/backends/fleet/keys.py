@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
@@ -86,15 +87,26 @@ class KeyMaker:
     def _chat_tokens(self, req: ChatCompletionRequest, extra_key: bytes) -> Tokens:
         _, tools = structured.tools_structure(req, False)
         messages = chat.message_dicts(req.messages)
+        return self.prompt(messages, tools.tools, tools.choice, req.chat_template_kwargs, extra_key)
+
+    def prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: str | None,
+        template_kwargs: dict[str, Any] | None,
+        extra_key: bytes,
+    ) -> Tokens:
+        """The chat's prompt token ids, equal to render_chat_prompt's: through the memo (from an
+        earlier turn's tokens, in `extra_key`'s partition) unless the messages hold images."""
         flat, images = flatten_content(messages)
-        kwargs = req.chat_template_kwargs
         if self.memo is None or images:  # the reference; and images, located by each token's offsets
             prompt = render_chat_prompt(
-                self.template, self.tokenizer, messages, tools.tools, tools.choice, kwargs
+                self.template, self.tokenizer, messages, tools, tool_choice, template_kwargs
             )
             return Tokens(prompt.token_ids, None, {})
-        text = render_chat_text(self.template, flat, tools.tools, tools.choice, kwargs)
-        context = (extra_key, tools.tools, tools.choice, kwargs)
+        text = render_chat_text(self.template, flat, tools, tool_choice, template_kwargs)
+        context = (extra_key, tools, tool_choice, template_kwargs)
         return self.memo.tokens(conversation_digests(context, flat), text)
 
     def completion(

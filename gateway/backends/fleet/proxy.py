@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import httpx
 import structlog
 from litestar import Response
 from litestar.response import Stream
@@ -26,6 +25,7 @@ from gateway.backends.fleet.backend import FleetBackend
 from gateway.backends.fleet.fleet import Fleet
 from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.policy import Decision, choose
+from gateway.backends.fleet.wire import WireError, WireResponse
 from gateway.encoding import sse_event
 from gateway.errors import ServiceUnavailableError
 from gateway.ops import tracing
@@ -37,7 +37,8 @@ log = structlog.get_logger("ctxfuse.fleet")
 VERSION_HEADER = "x-context-version"
 BACKEND_HEADER = "x-ctxfuse-backend"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-_PASSED_HEADERS = ("retry-after", "x-request-id")
+# the backend's header -> the name the client gets it under (the router's own x-request-id stands)
+_PASSED_HEADERS = {"retry-after": "retry-after", "x-request-id": "x-backend-request-id"}
 _BACKOFF_S = 0.05
 T = TypeVar("T")
 
@@ -161,15 +162,17 @@ def begin(fleet: Fleet, b: FleetBackend) -> float:
 
 async def post(
     fleet: Fleet, b: FleetBackend, path: str, body: bytes, headers: dict[str, str], start: float
-) -> httpx.Response | str:
+) -> WireResponse | str:
     """`b`'s answer to a POST, its body still to read, or why it failed (a str: try another). The
     current trace goes with it (`traceparent`), to a worker or any other server."""
     tracing.inject(headers)
-    req = fleet.client.build_request("POST", f"{b.url}{path}", content=body, headers=headers)
+    credential = fleet.credential(b)
+    if credential is not None:
+        headers["authorization"] = credential
     try:
-        resp = await fleet.client.send(req, stream=True)
-    except httpx.HTTPError as exc:
-        return failed(fleet, b, "connect" if isinstance(exc, httpx.ConnectError) else "transport", exc, start)
+        resp = await fleet.wire.post(f"{b.url}{path}", body, headers)
+    except WireError as exc:
+        return failed(fleet, b, "connect" if exc.kind == "connect" else "transport", exc, start)
     if resp.status_code in RETRY_STATUSES:
         await resp.aclose()
         return failed(fleet, b, "status", f"answered {resp.status_code}", start)
@@ -187,13 +190,13 @@ async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes]
         resp = await post(fleet, b, out.path, out.body, headers, start)
         if isinstance(resp, str):
             return resp
-        headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
+        headers = {_PASSED_HEADERS[k]: v for k, v in resp.headers.items() if k in _PASSED_HEADERS}
         headers[BACKEND_HEADER] = b.name  # which backend answered: for the client's logs and ours
-        media = resp.headers.get("content-type", "application/json")
+        media = resp.headers.get("content-type") or "application/json"
         if not media.startswith("text/event-stream"):
             try:
                 content = await resp.aread()
-            except httpx.HTTPError as exc:
+            except WireError as exc:
                 return failed(fleet, b, "transport", exc, start)
             finally:
                 await resp.aclose()
@@ -221,7 +224,7 @@ def done(fleet: Fleet, b: FleetBackend) -> None:
     fleet.metrics.in_flight.labels(backend=b.name).set(b.in_flight)
 
 
-async def _relay(fleet: Fleet, b: FleetBackend, resp: httpx.Response, start: float) -> AsyncIterator[bytes]:
+async def _relay(fleet: Fleet, b: FleetBackend, resp: WireResponse, start: float) -> AsyncIterator[bytes]:
     """The backend's event stream, whole events at a time (a break mid-event must not hand the client
     half an event); a break becomes an error event."""
     first = True
@@ -239,7 +242,7 @@ async def _relay(fleet: Fleet, b: FleetBackend, resp: httpx.Response, start: flo
                 pending = pending[cut:]
         if pending:
             yield pending
-    except httpx.HTTPError as exc:
+    except WireError as exc:
         ok = False
         fleet.metrics.errors.labels(backend=b.name, kind="stream").inc()
         log.warning("stream_broken", backend=b.name, reason=str(exc))

@@ -66,9 +66,9 @@ class FleetUpstream:
         self._checks: asyncio.Task[None] | None = None
         self._engine: FleetEngine | None = None
 
-    def _seam(self, model: str | None, pinned: str | None) -> FleetEngine | None:
+    def _seam(self, model: str | None, pinned: str | None, extra_key: bytes = b"") -> FleetEngine | None:
         """The workers behind the engine seam, for a request naming `model`, pinned to a version or
-        not (None: relay it as sent)."""
+        not, in the prefix-cache partition named by `extra_key` (None: relay it as sent)."""
         fleet, text = self.fleet, self.fleet.text_side
         if text is None or (model is not None and model != text.side.model):
             return None
@@ -79,7 +79,7 @@ class FleetUpstream:
             return None
         if self._engine is None or self._engine.side is not text.side:
             self._engine = FleetEngine(fleet, text.side, text.tokenizer, text.template)
-        return self._engine.for_request(pinned)
+        return self._engine.for_request(pinned, extra_key)
 
     def stats(self) -> EngineStats | None:
         return None
@@ -118,7 +118,10 @@ class FleetUpstream:
     async def chat(
         self, request: AnyRequest, gw: Gateway, req: ChatCompletionRequest, raw: bytes, arrival: float
     ) -> ChatAnswer:
-        engine = None if _has_image_urls(req) else self._seam(req.model, request.headers.get(VERSION_HEADER))
+        salt = self.planner.cache_salt(principal_of(request.state).cache_salt)  # as the plan's will be
+        extra = b"" if salt is None else salt_key(salt)
+        pinned = request.headers.get(VERSION_HEADER)
+        engine = None if _has_image_urls(req) else self._seam(req.model, pinned, extra)
         if engine is None:
             return ChatAnswer(relayed=await self._route(request, gw, "/v1/chat/completions", req, raw))
         answer = await self.planner.chat(request, gw, engine, req, arrival)
@@ -146,7 +149,10 @@ class FleetUpstream:
         tpm = principal.key.limits.tpm if principal.key is not None else None
         salt = fleet.config.cache_salt(principal.cache_salt)  # the workers' partition
         extra = b"" if salt is None else salt_key(salt)  # the router's memo is partitioned the same way
-        keys, prompt = await asyncio.to_thread(fleet.request_keys, req, tpm is not None, extra)
+        if fleet.tokenizes(tpm is not None):  # off the loop: a long prompt takes milliseconds
+            keys, prompt = await asyncio.to_thread(fleet.request_keys, req, tpm is not None, extra)
+        else:  # text-chunk keys: a few hashes, less than the hop to a thread costs
+            keys, prompt = fleet.request_keys(req, False, extra)
         settle = None
         if tpm is not None:
             ticket = await reserve_tokens(

@@ -25,6 +25,10 @@ from gateway.upstream import Answered
 from shared.protocol import ChatCompletionRequest, CompletionRequest
 
 _USAGE_MARK = b'"usage":{'
+# a name spelled with escapes is missed here; its value then follows ours and wins (the last of a
+# repeated key does), and a stream without usage is charged its whole reservation (see above)
+_OPTIONS_NAME = b'"stream_options"'
+_ASK_USAGE = b'"stream_options":{"include_usage":true},'
 
 
 class _Usage(msgspec.Struct):
@@ -64,9 +68,13 @@ def most_tokens(
 
 
 def with_usage(req: ChatCompletionRequest | CompletionRequest, raw: bytes) -> bytes:
-    """The body to send: a stream asks for its usage chunk."""
+    """The body to send: a stream asks for its usage chunk. The client's bytes stay as sent, the
+    field put in front of them, unless the body names stream_options already (then re-encoded)."""
     if not req.stream or (req.stream_options is not None and req.stream_options.include_usage):
         return raw
+    start = raw.find(b"{")  # the body decoded as an object: its first brace opens it
+    if _OPTIONS_NAME not in raw:
+        return raw[: start + 1] + _ASK_USAGE + raw[start + 1 :]
     body = msgspec.json.decode(raw)
     options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
     body["stream_options"] = {**options, "include_usage": True}
