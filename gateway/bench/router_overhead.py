@@ -48,6 +48,9 @@ AIM_ADDED_P99_MS = 2.0
 AIM_REQUESTS_PER_S = {"non_streaming": 1500.0, "streaming": 1000.0}
 MODES = (("non_streaming", False), ("streaming", True))
 KINDS = ("openai", "worker")
+# after a closed loop at many connections, a server may still work off what it accepted (a worker
+# tokenizing 32 chats of 16,000 tokens: most of a second): the next run starts once it has
+SETTLE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +209,13 @@ def _compare(rig: Rig, body: ChatBody, mode: str, opts: RouterBenchOptions) -> d
         "router": (rig.router.url + ROUTE, None),
         "upstream": (rig.upstream.url + ROUTE, rig.upstream_headers),
     }
-    for url, headers in targets.values():
+    one, many = {}, {}
+    for name, (url, headers) in targets.items():  # one target at a time, each left to drain after
         run_wrk(url, body.text, opts.fleet_connections, WARMUP_S, headers)
-    one = {n: run_wrk(u, body.text, opts.connections, opts.duration_s, h) for n, (u, h) in targets.items()}
-    many = {
-        n: run_wrk(u, body.text, opts.fleet_connections, opts.duration_s, h) for n, (u, h) in targets.items()
-    }
+        time.sleep(SETTLE_S)
+        one[name] = run_wrk(url, body.text, opts.connections, opts.duration_s, headers)
+        many[name] = run_wrk(url, body.text, opts.fleet_connections, opts.duration_s, headers)
+        time.sleep(SETTLE_S)
     router, upstream, rate = one["router"], one["upstream"], many["router"]
     row: dict[str, Any] = {
         "prompt_tokens": body.prompt_tokens,

@@ -149,7 +149,7 @@ def _serve_instant_worker(port: int) -> None:
     from gateway.backends.worker import WorkerEngine
     from gateway.bench.fake_engine import MODEL_NAME, InstantBackend
     from gateway.config import GatewayConfig
-    from gateway.server import build_server
+    from gateway.server import build_server, run_servers
 
     tokenizer, template = load_text_side(None)
     backend = InstantBackend()
@@ -158,7 +158,7 @@ def _serve_instant_worker(port: int) -> None:
     worker = WorkerEngine(block_size=16, max_num_seqs=256, events=BlockEventLog(), text_side=side)
     with tempfile.TemporaryDirectory(prefix="ctxfuse-bench-worker-") as data:
         config = GatewayConfig(port=port, data_dir=Path(data), api_key=WORKER_KEY, log_level="warning")
-        build_server(backend, config, announce=False, worker=worker).run()
+        run_servers(build_server(backend, config, announce=False, worker=worker))  # as `ctxfuse worker`
 
 
 def main(argv: list[str]) -> int:
