@@ -8,8 +8,8 @@ task Litestar starts for a response body inherits.
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,7 +33,7 @@ def annotate(**fields: Any) -> None:
 
 def request_id() -> str:
     """The id of the request being served (also in the `x-request-id` response header)."""
-    return _request_id.get() or uuid.uuid4().hex
+    return _request_id.get() or secrets.token_hex(16)
 
 
 class Observe:
@@ -45,7 +45,7 @@ class Observe:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = uuid.uuid4().hex
+        rid = secrets.token_hex(16)
         fields: dict[str, Any] = {}
         _fields.set(fields)
         _request_id.set(rid)

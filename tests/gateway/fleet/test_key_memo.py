@@ -15,6 +15,7 @@ import pytest
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.text_side import load_text_side
 from cloud.model.tokenizer import Tokenizer
+from cloud.text.prompt import render_chat_prompt
 from gateway.backends.fleet.key_memo import KeyMemo
 from gateway.backends.fleet.keys import KeyMaker, RequestKeys
 from shared.block_hash import hash_block, salt_key
@@ -194,3 +195,23 @@ def test_the_memo_holds_no_more_bytes_than_it_may(text_side: tuple[Tokenizer, Ch
         memo.tokens([d], text + d.decode())
     assert len(memo) == 1
     assert memo.tokens([b"3", b"4"], text + "3 and more").earlier is not None
+
+
+def test_the_planned_prompt_through_the_memo_is_the_plain_rendering(
+    text_side: tuple[Tokenizer, ChatTemplate],
+) -> None:
+    """What a router planning for workers submits (KeyMaker.prompt, the seam's encode_chat) is what
+    render_chat_prompt gives, turn after turn, with tools; a later turn starts from the earlier one."""
+    tokenizer, template = text_side
+    maker = KeyMaker(tokenizer, template)
+    messages: list[Message] = [{"role": "system", "content": "Be brief."}]
+    for n, tools in enumerate(([TOOL], [TOOL], None, None)):
+        messages += turns(2, start=2 * n)
+        messages[-1]["role"] = "user"
+        got = maker.prompt(messages, tools, "auto" if tools else None, None, salt_key("t"))
+        want = render_chat_prompt(template, tokenizer, messages, tools, "auto" if tools else None)
+        assert got.token_ids == want.token_ids
+        if n in (1, 3):  # the same tools as the turn before: the earlier prompt is found
+            assert got.earlier is not None and got.earlier.shared_tokens > len(got.token_ids) // 2
+    elsewhere = maker.prompt(messages, None, None, None, salt_key("u"))  # another tenant: from scratch
+    assert elsewhere.earlier is None and elsewhere.token_ids == want.token_ids
