@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from cloud.bench.longctx_words import ADJECTIVES, ADVERBS, NAMES, NOUNS, PLACES, TIMES, VERBS
 from cloud.engine.config import EngineConfig
+from cloud.engine.speculative.drafts import draft_count
 from cloud.engine.speculative.ngram import NgramIndex
 from cloud.model.tokenizer import Tokenizer
 
@@ -80,7 +81,8 @@ def replay(
     drafted = accepted = steps = 0
     i = 1
     while i < len(output):
-        k = min(config.num_speculative_tokens, max_tokens - i - 1)  # never the last (scheduler._drafts)
+        # as the engine bounds it (neither the step's budget nor the context binds in a replay)
+        k = draft_count(config.num_speculative_tokens, max_tokens, max_tokens - i, max_tokens)
         draft = index.propose(seq, k) if whole else index.find(prompt, len(prompt), seq, k)
         ok = 0
         while ok < len(draft) and i + ok < len(output) and draft[ok] == output[i + ok]:

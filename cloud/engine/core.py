@@ -32,7 +32,8 @@ from cloud.engine.runner.profile import profile_run
 from cloud.engine.sampling.sampler import Sampler
 from cloud.engine.scheduling.admission import Admission
 from cloud.engine.scheduling.overflow import OverflowPolicy
-from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig, SpecConfig, TokenEvent
+from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig, TokenEvent
+from cloud.engine.speculative.drafts import SpecConfig
 from cloud.grammar.compiled import CompiledGrammar
 from cloud.grammar.compiler import GrammarCompiler
 from cloud.model.chat_template import ChatTemplate

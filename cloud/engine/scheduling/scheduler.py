@@ -30,7 +30,8 @@ from cloud.engine.kv.layout import PageLayout
 from cloud.engine.kv.manager import KVManager
 from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, PruneOrder, num_dropped_blocks, num_kept, prunes
 from cloud.engine.request import FinishReason, Request, RequestStatus
-from cloud.engine.speculative.ngram import NgramIndex
+from cloud.engine.speculative import drafts as drafting
+from cloud.engine.speculative.drafts import SpecConfig
 from shared.engine_types import SamplingParams
 from shared.errors import QueueFullError
 
@@ -53,27 +54,6 @@ class SchedulerConfig:
     # a prompt longer than this keeps this many tokens' KV at most once computed (None: no pruning)
     prune_budget: int | None = None
     speculative: SpecConfig | None = None  # drafts (None: one token per step)
-
-
-# After this many verifying steps in a row that kept none of their drafts, a request stops drafting
-# for 2**misses tokens (at most MAX_PAUSE): text its context does not predict costs it almost nothing
-BACK_OFF = 2
-MAX_PAUSE = 64
-
-
-@dataclass(frozen=True, slots=True)
-class SpecConfig:
-    """Speculative decoding: drafts from a request's predicted output (`prediction`), and with `ngram`
-    from its own context (prompt lookup, speculative/ngram.py)."""
-
-    ngram: bool = True
-    num_tokens: int = 3  # drafted per step at most
-    min_n: int = 2  # the n-gram sizes looked up
-    max_n: int = 4
-    max_running: int = 4  # drafts only while at most this many requests run
-    # a quantized cache rounds a block once its last slot is written: drafts never complete a block,
-    # since a rejected one would leave the block's codes wrong
-    within_block: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,48 +192,23 @@ class Scheduler:
     def _drafts(self, req: Request, budget: int) -> list[int]:
         """Tokens drafted for a decoding request this step ([] when it should not speculate)."""
         spec = self.config.speculative
-        start = req.num_computed_tokens
-        if spec is None or not (spec.ngram or req.params.prediction):  # (the default: nothing to draft)
+        if spec is None or not drafting.wants_drafts(req, spec):
             return []
+        start = req.num_computed_tokens
         if (
             req.num_tokens - start != 1
             or len(self.running) > spec.max_running
             or req.sliding
             or prunes(req.num_prompt_tokens, self.config.prune_budget)
-            or req.num_tokens < req.drafts_resume_at
+            or drafting.resting(req)
         ):
             return []
-        # the last output is bound by max_tokens and the context, as without drafts
-        k = min(
-            spec.num_tokens,
-            budget - 1,
-            req.params.max_tokens - len(req.output_token_ids) - 1,
-            self.config.max_model_len - req.num_tokens,
-        )
+        tokens_left = req.params.max_tokens - len(req.output_token_ids)
+        context_left = self.config.max_model_len - req.num_tokens
+        k = drafting.draft_count(spec.num_tokens, budget, tokens_left, context_left)
         if spec.within_block:
             k = min(k, self.kv.block_size - 2 - start % self.kv.block_size)
-        if k <= 0:
-            return []
-        if req.params.prediction:
-            drafts = self._predicted(req, spec, k)
-            if drafts or not spec.ngram:
-                return drafts
-        if not spec.ngram:
-            return []
-        if req.lookup is None:
-            req.lookup = NgramIndex(spec.min_n, spec.max_n)
-        return req.lookup.propose(req.token_ids, k)
-
-    @staticmethod
-    def _predicted(req: Request, spec: SpecConfig, k: int) -> list[int]:
-        """Drafts from the request's predicted output: its next tokens while the output has followed
-        it from the start, else what follows the output's end where the prediction has it."""
-        pred, out = req.params.prediction, req.output_token_ids
-        if len(out) <= spec.max_n and tuple(out) == pred[: len(out)]:
-            return list(pred[len(out) : len(out) + k])
-        if req.predicted is None:
-            req.predicted = NgramIndex(spec.min_n, spec.max_n)
-        return req.predicted.find(pred, len(pred), req.token_ids, k)
+        return drafting.propose(req, spec, k) if k > 0 else []
 
     def _prefill_cap(self) -> int:
         """The most tokens one prefill chunk may take this step."""
@@ -383,13 +338,9 @@ class Scheduler:
                     break
             if chunk.num_drafts:
                 accepted = len(tokens) - 1
-                req.num_draft_tokens += chunk.num_drafts
-                req.num_accepted_tokens += accepted
+                drafting.record(req, chunk.num_drafts, accepted)
                 self.num_draft_tokens += chunk.num_drafts
                 self.num_accepted_tokens += accepted
-                req.draft_misses = 0 if accepted else req.draft_misses + 1
-                if req.draft_misses >= BACK_OFF:
-                    req.drafts_resume_at = req.num_tokens + min(2**req.draft_misses, MAX_PAUSE)
                 # the KV of the last known token and the accepted drafts: all but the newest token
                 req.num_computed_tokens = req.num_tokens - 1
             else:

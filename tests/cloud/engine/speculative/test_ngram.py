@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from cloud.engine.kv.block_pool import BlockPool
 from cloud.engine.request import Request
-from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig, SpecConfig
+from cloud.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from cloud.engine.speculative.drafts import SpecConfig
 from cloud.engine.speculative.ngram import NgramIndex
 from shared.engine_types import SamplingParams
 
