@@ -30,7 +30,7 @@ import msgspec
 from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
 
-from gateway.access.auth import principal_of, reserve_tokens
+from gateway.access.auth import Principal, principal_of, reserve_tokens
 from gateway.backends.fleet.batch import execute_routed
 from gateway.backends.fleet.engine import FleetEngine
 from gateway.backends.fleet.fleet import Fleet
@@ -246,7 +246,9 @@ class FleetUpstream:
         engine = None
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):  # relayed: answered there
             named = msgspec.json.decode(raw, type=_Named)
-            engine = None if named.has_image_urls() else self._seam(named.model, None)  # a batch pins none
+            salt = self.planner.cache_salt(Principal(owner).cache_salt)  # the owner's partition
+            extra = b"" if salt is None else salt_key(salt)
+            engine = None if named.has_image_urls() else self._seam(named.model, None, extra)  # no pin
         if engine is not None:
             return await self.planner.execute(gw, engine, _any_model, endpoint, raw, rid, priority, owner)
         return await execute_routed(self.fleet, endpoint, raw, owner)
