@@ -122,8 +122,12 @@ def _serve_edge_gateway(port: int, edge_port: int, tls: Path, store: Path) -> No
 def _serve_baseline(port: int, recorded: Path) -> None:
     from gateway.bench.baseline import BaselineApp, Recorded
 
-    app = BaselineApp(Recorded.load(recorded))
-    config = uvicorn.Config(app, host=HOST, port=port, access_log=False, log_config=None, lifespan="off")
+    _serve_asgi(BaselineApp(Recorded.load(recorded)), port)
+
+
+def _serve_asgi(app: object, port: int) -> None:
+    """A raw ASGI app on uvicorn, nothing else in the process."""
+    config = uvicorn.Config(app, host=HOST, port=port, access_log=False, log_config=None, lifespan="off")  # type: ignore[arg-type]
     uvicorn.Server(config).run()
 
 
@@ -131,9 +135,7 @@ def _serve_upstream(port: int, model: str, plain: Path, streamed: Path) -> None:
     from gateway.bench.baseline import Recorded
     from gateway.bench.instant_upstream import InstantUpstream
 
-    app = InstantUpstream(model, Recorded.load(plain), Recorded.load(streamed))
-    config = uvicorn.Config(app, host=HOST, port=port, access_log=False, log_config=None, lifespan="off")
-    uvicorn.Server(config).run()
+    _serve_asgi(InstantUpstream(model, Recorded.load(plain), Recorded.load(streamed)), port)
 
 
 WORKER_KEY = "bench-worker-key"  # the instant worker's key: its router sends it (--backend-key)

@@ -13,6 +13,12 @@ import httpx
 from gateway.backends.fleet.config import BackendSpec
 
 
+def credential(spec: BackendSpec, backend_key: str | None) -> str | None:
+    """The Authorization header the router presents to the backend `spec` names, if any."""
+    key = spec.api_key or backend_key
+    return f"Bearer {key}" if key else None
+
+
 class BackendAuth(httpx.Auth):
     def __init__(self, backends: Callable[[], Sequence[BackendSpec]], backend_key: str | None) -> None:
         """`backends`: the fleet's backends now (discovery adds and drops them as it runs)."""
@@ -22,8 +28,8 @@ class BackendAuth(httpx.Auth):
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         url = str(request.url)
         for spec in self._backends():
-            base, key = spec.url, spec.api_key or self._backend_key
-            if key and (url == base or url.startswith(base + "/")):
-                request.headers["Authorization"] = f"Bearer {key}"
+            if url == spec.url or url.startswith(spec.url + "/"):
+                if (value := credential(spec, self._backend_key)) is not None:
+                    request.headers["Authorization"] = value
                 break
         yield request

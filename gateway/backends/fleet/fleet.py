@@ -13,7 +13,7 @@ import structlog
 from cloud.model.chat_template import ChatTemplate
 from cloud.model.tokenizer import Tokenizer
 from gateway.backends.fleet.backend import FleetBackend
-from gateway.backends.fleet.backend_auth import BackendAuth
+from gateway.backends.fleet.backend_auth import BackendAuth, credential
 from gateway.backends.fleet.canary import CanaryController, Rollback
 from gateway.backends.fleet.circuit import CircuitBreaker, CircuitState, OnChange
 from gateway.backends.fleet.config import BackendSpec, FleetConfig
@@ -214,8 +214,7 @@ class Fleet:
 
     def credential(self, backend: FleetBackend) -> str | None:
         """The Authorization header the router presents to `backend` (as BackendAuth does)."""
-        key = backend.spec.api_key or self.config.backend_key
-        return f"Bearer {key}" if key else None
+        return credential(backend.spec, self.config.backend_key)
 
     async def close(self) -> None:
         self.wire.close()
