@@ -1,6 +1,8 @@
 // Fused decode attention on the CPU: one query token per request against its context, read in
 // place from the paged KV cache (fp32 / bf16 / fp16 rows, or int8 / int4 codes dequantized in
-// registers), threaded over (request, KV head, context split). The math is that of the PyTorch
+// registers), threaded over (request, KV head, context split). Multi-query: n query tokens per
+// request (its last n positions, a verify step's drafts) share each item; row i sees the context
+// but its last n - 1 - i keys, masked (-inf) in the blocks that hold them. The math is that of the PyTorch
 // references in kernels/triton/ (paged_decode_reference, paged_decode_quant_reference,
 // sparse_paged_decode_reference): fp32 throughout, only the order of fp32 additions differs.
 //
@@ -63,6 +65,7 @@ constexpr int kHeadDims[2] = {64, 128};  // the compiled head sizes
 constexpr int64_t kItemsPerThread = 8;     // splits aim at this many items per thread...
 constexpr int64_t kMinSplitBlocks = 16;    // ...but a split covers at least this many list entries
 constexpr int64_t kMaxSplits = 64;
+constexpr int64_t kMaxQueries = 16;        // query rows per request (a verify step's drafts + 1)
 
 enum class Elem : int { F32, BF16, F16, U8 };
 
@@ -104,8 +107,11 @@ struct Quant {
 };
 
 struct Problem {
-  const float* q = nullptr;  // [b, H, d] fp32, contiguous
+  const float* q = nullptr;  // [b, n, H, d] fp32, contiguous (n = queries; [b, H, d] when 1)
   int64_t batch = 0, heads = 0, kv_heads = 0, group = 0, head_dim = 0, block_size = 0;
+  // query rows per request: the last `queries` positions of its context, each attending causally
+  // (row i sees len - queries + 1 + i keys); rows = queries * group share each (r, h) item
+  int64_t queries = 1, rows = 0;
   int64_t num_blocks = 0, max_blocks = 0, num_selected = 0;
   float scale = 1.0f;
   Ints tables, lens, selected;  // [b, max_blocks], [b], sparse only: [b, kv_heads, n]
@@ -113,13 +119,20 @@ struct Problem {
   Strided k, v;                 // [kv_heads, nb, bs, d] (bits == 0)
   Quant quant;
   std::vector<int64_t> len;     // context lengths clamped to [0, max_blocks * bs]
+  std::vector<int64_t> shape;   // q's, the output's
 };
 
 // One unit of work: pair (r, h), entries [lo, hi) of its list; part: -1 writes the output, else
-// the index of its partial (m [G], l [G], acc [G, d])
+// the index of its partial (m [R], l [R], acc [R, d]; R = rows: queries x group)
 struct Item {
   int64_t r, h, lo, hi, part;
 };
+
+// Where row (i, g) of pair (r, h) lies in q and out ([b, n, H, d]), i = row / G, g = row % G
+inline int64_t row_offset(const Problem& p, int64_t r, int64_t h, int64_t row) {
+  const int64_t i = row / p.group, g = row % p.group;
+  return ((r * p.queries + i) * p.heads + h * p.group + g) * p.head_dim;
+}
 
 struct Merge {
   int64_t r, h, first, count;  // the pair's partials first .. first + count - 1
@@ -280,17 +293,24 @@ Ints ints(const at::Tensor& t) {
 
 Problem problem(const at::Tensor& q, const at::Tensor& tables, const at::Tensor& lens, int64_t kv_heads,
                 int64_t num_blocks, int64_t block_size, double scale) {
-  TORCH_CHECK_VALUE(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 3 &&
-                        q.is_contiguous(), "q must be a contiguous fp32 [b, H, d] CPU tensor");
+  TORCH_CHECK_VALUE(q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+                        (q.dim() == 3 || q.dim() == 4) && q.is_contiguous(),
+                    "q must be a contiguous fp32 [b, H, d] or [b, n, H, d] CPU tensor");
   Problem p;
+  const int64_t x = q.dim() - 3;  // 1 when q holds n query rows per request
   p.q = q.data_ptr<float>();
+  p.shape = q.sizes().vec();
   p.batch = q.size(0);
-  p.heads = q.size(1);
-  p.head_dim = q.size(2);
+  p.queries = x ? q.size(1) : 1;
+  p.heads = q.size(1 + x);
+  p.head_dim = q.size(2 + x);
   p.kv_heads = kv_heads;
   TORCH_CHECK_VALUE(kv_heads > 0 && p.heads % kv_heads == 0, "heads must be a multiple of kv_heads");
   TORCH_CHECK_VALUE(block_size > 0, "block_size must be positive");
+  TORCH_CHECK_VALUE(p.queries >= 1 && p.queries <= kMaxQueries, "1 to ", kMaxQueries,
+                    " query rows per request, got ", p.queries);
   p.group = p.heads / kv_heads;
+  p.rows = p.queries * p.group;
   p.num_blocks = num_blocks;
   p.block_size = block_size;
   p.scale = static_cast<float>(scale);
@@ -380,9 +400,9 @@ Plan plan(const std::vector<std::pair<int64_t, int64_t>>& units, int64_t kv_head
   return out;
 }
 
-// out[r, h * G + g] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s
+// out[r, i, h * G + g] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s
 void merge(const Problem& p, const Plan& pl, const float* parts, float* out) {
-  const int64_t g_n = p.group, d = p.head_dim, stride = g_n * (d + 2);
+  const int64_t g_n = p.rows, d = p.head_dim, stride = g_n * (d + 2);
   std::vector<float> w(kMaxSplits);
   for (const Merge& mg : pl.merges) {
     for (int64_t g = 0; g < g_n; ++g) {
@@ -391,7 +411,7 @@ void merge(const Problem& p, const Plan& pl, const float* parts, float* out) {
         const float* part = parts + (mg.first + s) * stride;
         if (part[g_n + g] > 0.0f) big = std::max(big, part[g]);
       }
-      float* o = out + ((mg.r * p.heads) + mg.h * g_n + g) * d;
+      float* o = out + row_offset(p, mg.r, mg.h, g);
       float den = 0.0f;
       for (int64_t s = 0; s < mg.count; ++s) {
         const float* part = parts + (mg.first + s) * stride;
@@ -412,7 +432,7 @@ void merge(const Problem& p, const Plan& pl, const float* parts, float* out) {
 
 at::Tensor run(Problem& p, int64_t isa) {
   const ItemFn fn = item_fn(kernels(isa), p.head_dim, p.quant.bits);
-  auto out = at::zeros({p.batch, p.heads, p.head_dim}, at::kFloat);
+  auto out = at::zeros(p.shape, at::kFloat);
   if (p.batch == 0 || p.heads == 0) return out;
   const auto units = prepare(p);
   int64_t blocks = 0;  // (request, KV head) blocks to read in all
@@ -420,11 +440,12 @@ at::Tensor run(Problem& p, int64_t isa) {
   // a small step runs on the caller alone: waking a pool worker that has gone to sleep between two
   // layers (the weight kernels ran in between) costs more than the work (measured: 250 tokens x 3
   // KV heads, 12 us on one thread, ~35 us on two with a sleeping worker)
-  const int64_t threads = blocks < kInlineBlocks ? 1 : std::max(1, at::get_num_threads());
+  const int64_t threads =
+      blocks * p.queries < kInlineBlocks ? 1 : std::max(1, at::get_num_threads());
   const Plan pl = plan(units, p.kv_heads, threads);
   const int64_t n_items = static_cast<int64_t>(pl.items.size());
-  std::vector<float> parts(pl.parts * p.group * (p.head_dim + 2));
-  const Layout lay(p.group, p.head_dim, p.block_size);
+  std::vector<float> parts(pl.parts * p.rows * (p.head_dim + 2));
+  const Layout lay(p.rows, p.head_dim, p.block_size);
   float* o = out.data_ptr<float>();
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min(threads, n_items)));
   std::vector<std::vector<float>> scratch(nt);  // once per thread and call, never per token
@@ -466,6 +487,7 @@ at::Tensor sparse_paged_decode(const at::Tensor& q, const at::Tensor& k, const a
   p.k = strided(k);
   p.v = strided(v);
   TORCH_CHECK_VALUE(p.k.elem != Elem::U8 && p.v.elem != Elem::U8, "caches must be fp32, bf16 or fp16");
+  TORCH_CHECK_VALUE(p.queries == 1, "sparse decode takes one query row per request");
   p.sparse = true;
   p.selected = ints(selected);
   p.num_selected = selected.size(2);
@@ -652,6 +674,9 @@ inline V vstep(V lo, V hi, float levels) {
 struct Scratch {
   float *q, *qs, *qz, *s, *m, *l, *alpha, *zs, *acc, *ktile, *vtile, *vsc, *vzr, *red;
   int64_t sb;
+  // causal rows (queries > 1): row (i, g) sees the block's first vis0 + i tokens; rows are i-major
+  // in groups of `group`. vis0 >= the block's T: nothing masked (always so for one query row)
+  int64_t vis0 = std::numeric_limits<int64_t>::max(), group = 1;
 
   Scratch(float* base, const Layout& lay)
       : q(base + lay.q), qs(base + lay.qs), qz(base + lay.qz), s(base + lay.s), m(base + lay.m),
@@ -753,8 +778,20 @@ void fold_keys(const uint16_t* kmin, const uint16_t* kmax, float levels, int64_t
   }
 }
 
-// Online softmax over a tile's scores: s becomes p = exp(s - m_new); alpha = exp(m_old - m_new)
+// Scores of keys a row may not see yet become -inf (causal rows of a multi-query item)
+void mask_tile(int64_t T, int64_t G, Scratch& S) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t vis = std::clamp<int64_t>(S.vis0 + g / S.group, 0, T);
+    std::fill(S.s + g * S.sb + vis, S.s + g * S.sb + T, ninf);
+  }
+}
+
+// Online softmax over a tile's scores: s becomes p = exp(s - m_new); alpha = exp(m_old - m_new).
+// A row that sees none of the tile's keys and none before (a causal row's first keys lie further
+// on) keeps m = -inf and l = 0, its weights 0.
 void softmax_tile(int64_t T, int64_t G, Scratch& S) {
+  if (S.vis0 < T) mask_tile(T, G, S);
   for (int64_t g = 0; g < G; ++g) {
     float* sg = S.s + g * S.sb;
     V vtop = vset(sg[0]);
@@ -762,7 +799,12 @@ void softmax_tile(int64_t T, int64_t G, Scratch& S) {
     for (; t + W <= T; t += W) vtop = vmax(vtop, vload(sg + t));
     float top = vhmax(vtop);
     for (; t < T; ++t) top = std::max(top, sg[t]);
-    const float m_new = std::max(S.m[g], top);  // finite: the tile holds a live token
+    const float m_new = std::max(S.m[g], top);
+    if (m_new == -std::numeric_limits<float>::infinity()) {  // a causal row sees nothing yet
+      std::fill(sg, sg + T, 0.0f);
+      S.alpha[g] = 1.0f;
+      continue;
+    }
     const V mv = vset(m_new);
     V sum = vzero();
     for (t = 0; t + W <= T; t += W) {
@@ -877,12 +919,14 @@ void attend_codes(const Quant& qt, int64_t h, int64_t blk, int64_t T, int64_t G,
   accumulate<D>(S.vtile, D, T, G, S.zs, S);
 }
 
-// The first live entry at or after e of the item's list: its block id and live tokens T
-bool live_entry(const Problem& p, const Item& it, int64_t& e, int64_t& blk, int64_t& T) {
+// The first live entry at or after e of the item's list: its block id, live tokens T and the
+// position of its first token
+bool live_entry(const Problem& p, const Item& it, int64_t& e, int64_t& blk, int64_t& T, int64_t& at) {
   for (; e < it.hi; ++e) {
     const int64_t pos = p.sparse ? p.selected.at(it.r, it.h, e) : e;
     if (pos < 0 || pos >= p.max_blocks) continue;
-    T = std::min(p.block_size, p.len[it.r] - pos * p.block_size);
+    at = pos * p.block_size;
+    T = std::min(p.block_size, p.len[it.r] - at);
     if (T <= 0) continue;
     blk = p.tables.at(it.r, pos);
     return true;
@@ -935,44 +979,50 @@ PA_INLINE void prefetch_block(const Problem& p, int64_t h, int64_t blk) {
 
 template <int D, int BITS>
 void attend_block(const Problem& p, int64_t h, int64_t blk, int64_t T, Scratch& S) {
+  const int64_t R = p.rows;
   if constexpr (BITS == 0) {
-    attend_rows<D>(p.k, p.v, h, blk, T, p.group, S);
+    attend_rows<D>(p.k, p.v, h, blk, T, R, S);
   } else {
     const int64_t slot = p.quant.stage_of.at(blk);
     if (slot >= 0) {
-      attend_rows<D>(p.quant.stage_k, p.quant.stage_v, h, slot, T, p.group, S);
+      attend_rows<D>(p.quant.stage_k, p.quant.stage_v, h, slot, T, R, S);
     } else {
-      attend_codes<D, BITS>(p.quant, h, blk, T, p.group, S);
+      attend_codes<D, BITS>(p.quant, h, blk, T, R, S);
     }
   }
 }
 
 template <int D, int BITS>
 void run_item(const Problem& p, const Item& it, float* scratch, float* out, float* parts) {
-  const int64_t G = p.group;
+  const int64_t G = p.rows;  // the item's query rows: queries x group, each with its own softmax
   Scratch S(scratch, Layout(G, D, p.block_size));
-  const float* q = p.q + (it.r * p.heads + it.h * G) * D;
-  for (int64_t i = 0; i < G * D; ++i) S.q[i] = q[i] * p.scale;
+  S.group = p.group;
   for (int64_t g = 0; g < G; ++g) {
+    const float* q = p.q + row_offset(p, it.r, it.h, g);
+    for (int64_t c = 0; c < D; ++c) S.q[g * D + c] = q[c] * p.scale;
     S.m[g] = -std::numeric_limits<float>::infinity();
     S.l[g] = 0.0f;
   }
   std::fill(S.acc, S.acc + G * D, 0.0f);
-  int64_t e = it.lo, blk = 0, T = 0;
-  bool live = live_entry(p, it, e, blk, T);
+  // row 0 of n sees keys before position len - n + 1; one query row sees the whole context
+  const int64_t first_limit = p.len[it.r] - p.queries + 1;
+  int64_t e = it.lo, blk = 0, T = 0, at = 0;
+  bool live = live_entry(p, it, e, blk, T, at);
   while (live) {  // one block ahead: its rows are fetched while this one computes
-    int64_t e_next = e + 1, blk_next = 0, T_next = 0;
-    const bool more = live_entry(p, it, e_next, blk_next, T_next);
+    int64_t e_next = e + 1, blk_next = 0, T_next = 0, at_next = 0;
+    const bool more = live_entry(p, it, e_next, blk_next, T_next, at_next);
     if (more) prefetch_block<D, BITS>(p, it.h, blk_next);
+    S.vis0 = first_limit - at;
     attend_block<D, BITS>(p, it.h, blk, T, S);
     e = e_next;
     blk = blk_next;
     T = T_next;
+    at = at_next;
     live = more;
   }
   if (it.part < 0) {
     for (int64_t g = 0; g < G; ++g) {
-      float* o = out + (it.r * p.heads + it.h * G + g) * D;
+      float* o = out + row_offset(p, it.r, it.h, g);
       const float inv = S.l[g] > 0.0f ? 1.0f / S.l[g] : 0.0f;
       for (int64_t c = 0; c < D; ++c) o[c] = S.acc[g * D + c] * inv;
     }

@@ -1,5 +1,6 @@
 """Attention on the CPU read in place from the paged KV cache. Decode (paged_attention.cpp): one query
-token per request against its context, threaded over (request, KV head, context split). Prefill
+token per request against its context, threaded over (request, KV head, context split), or the
+last n positions of each request at once (multi-query: a verify step's drafts). Prefill
 (prefill_attention.cpp, `prefill_attention_cpu`): a chunk of queries causally against the cached
 prefix and itself, threaded over (KV head, run of positions), reference DenseAttention.prefill.
 
@@ -34,6 +35,7 @@ import torch
 from .build import ISAS, Extension, isa_cap
 
 HEAD_DIMS = (64, 128)  # compiled head sizes
+MAX_QUERY_ROWS = 16  # query rows per request of a multi-query decode (kMaxQueries in the C++)
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INDICES = (torch.int32, torch.int64)
 _SOURCES = (
@@ -91,9 +93,14 @@ def _rows(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtyp
         raise ValueError(f"{name} needs a contiguous last dimension")
 
 
-def _check_query(q: object, kv_heads: int, head_dim: int) -> int:
-    """q [b, H, d] against the cache's KV heads and head dim; returns b."""
-    b, heads, d = _tensor("q", q, 3, FLOATS).shape
+def _check_query(q: object, kv_heads: int, head_dim: int, *, rows: bool = False) -> int:
+    """q [b, H, d] (or, where `rows`, [b, n, H, d] with 1 <= n <= MAX_QUERY_ROWS) against the
+    cache's KV heads and head dim; returns b."""
+    dims = q.dim() if rows and isinstance(q, torch.Tensor) and q.dim() == 4 else 3
+    shape = _tensor("q", q, dims, FLOATS).shape
+    if dims == 4 and not 1 <= shape[1] <= MAX_QUERY_ROWS:
+        raise ValueError(f"q holds {shape[1]} query rows per request; 1 to {MAX_QUERY_ROWS} are taken")
+    b, heads, d = shape[0], shape[-2], shape[-1]
     if d != head_dim:
         raise ValueError(f"head dims differ: q has {d}, the cache {head_dim}")
     if head_dim not in HEAD_DIMS:
@@ -169,11 +176,16 @@ def paged_decode_cpu(
     fp16; k_cache, v_cache: [kv_heads, num_blocks, block_size, d] fp32 / bf16 / fp16 (any strides,
     last dim contiguous; d 64 or 128); block_tables [b, max_blocks], context_lens [b] int32 / int64.
     Query head h reads KV head h // (H / kv_heads). Returns [b, H, d] in q's dtype.
+    Multi-query (a verify step's drafts, a short chunk after a long context): q [b, n, H, d] holds
+    the queries of each request's last n positions, len - n .. len - 1, whose keys are in the cache;
+    row i attends causally to keys 0 .. len - n + i, as `prefill_attention_cpu` would with start =
+    len - n, but split over the context as decode is (one pass over the keys for all n rows).
+    Returns [b, n, H, d].
     `check=False` skips the checks that name a bad argument (the C++ still refuses what would read
     out of bounds): for a caller that checked the same tables and shapes once already this step."""
     if check:
         kv_heads, _, _, d = _check_cache(k_cache, v_cache)
-        b = _check_query(q, kv_heads, d)
+        b = _check_query(q, kv_heads, d, rows=True)
         _check_tables(b, block_tables, context_lens)
         scale = _check_scale(scale)
     out = _module().paged_decode(
@@ -268,9 +280,9 @@ def paged_decode_quant_cpu(
     [kv_heads, num_blocks, d] fp16 (key = kmin + code * key_scale(kmin, kmax)); vscale, vzero
     [kv_heads, num_blocks, bs] fp16 (value = vzero + code * vscale); stage_of [num_blocks] (-1 or
     the slot of a staged block, read in full precision from stage_k / stage_v [kv_heads, slots, bs,
-    d]); the rest as `paged_decode_cpu`. Returns [b, H, d] in q's dtype."""
+    d]); the rest as `paged_decode_cpu` (q [b, n, H, d] too). Returns q's shape in q's dtype."""
     kv_heads, d = _check_quant(kq, vq, (kmin, kmax, vscale, vzero), stage_of, stage_k, stage_v, bits)
-    b = _check_query(q, kv_heads, d)
+    b = _check_query(q, kv_heads, d, rows=True)
     _check_tables(b, block_tables, context_lens)
     s = _check_scale(scale)
     level = _isa_level(isa)

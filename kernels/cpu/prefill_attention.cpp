@@ -24,7 +24,10 @@
 // is finite from then on and masked scores give exp(-inf) = 0, never NaN. Keys past the item's
 // last position are never read: a tile's tail points at its last live key and is masked.
 //
-// Items run longest first on the thread pool (the last positions see the most keys).
+// Items run longest first on the thread pool (the last positions see the most keys). A short chunk
+// after a long context (a verify step: 1 + drafts positions) makes one item per KV head, fewer than
+// the threads could share: each is then cut into parts over its keys (flash-decoding), every cut
+// inside the prefix that all its rows see, and the parts' m, l and ot are merged at the end.
 //
 // Built into the paged_attention extension (paged_attention.cpp binds it and picks the ISA level).
 // ISA: as paged_attention.cpp, the kernel text below `#else` is compiled for plain C++, AVX2 + FMA
@@ -54,6 +57,9 @@ constexpr int64_t kKeyTile = 64;     // keys per tile, at most (whole key blocks
 constexpr int64_t kMaxRows = 48;     // rows (position, group head) per item
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kInlineTiles = 8;  // fewer (item, key tile) pairs than this: the caller alone
+// A short chunk after a long context (a verify step's drafts) has a few items only, one per KV
+// head: each is split over its shared prefix until a thread has this many to take
+constexpr int64_t kItemsPerThread = 4;
 
 struct Problem {
   const float* q = nullptr;  // [n, H, d]
@@ -66,6 +72,7 @@ struct Problem {
   float scale = 1.0f;
   float* out = nullptr;  // [n, H, d]
   int64_t os0 = 0, os1 = 0;
+  float* parts = nullptr;  // the partials of split items (part_floats each)
 
   const float* key(int64_t h, int64_t pos) const {
     return k + h * cs0 + table[pos / block_size] * cs1 + (pos % block_size) * cs2;
@@ -75,10 +82,20 @@ struct Problem {
   }
 };
 
-// positions [t0, t1) of the chunk with KV head h
+// positions [t0, t1) of the chunk with KV head h, over keys [k_lo, k_hi) (cut at k_hi only when the
+// item is one part of a split: part >= 0 is the index of its partial m, l and ot)
 struct Item {
   int64_t h, t0, t1;
+  int64_t k_lo = 0, k_hi = std::numeric_limits<int64_t>::max(), part = -1;
 };
+
+// The parts of one split item: partials first .. first + count - 1
+struct Split {
+  int64_t h, t0, t1, first, count;
+};
+
+// floats of one partial: m, l [kMaxRows], ot [kMaxRows][d]
+constexpr int64_t part_floats(int64_t d) { return (2 + d) * kMaxRows; }
 
 // floats of one thread's scratch: qt, st, ot, positions, m, l, alpha (rows padded to 48)
 constexpr int64_t scratch_floats(int64_t d) {
@@ -136,6 +153,68 @@ void check_cache(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 4,
                     name, " must be a float32 CPU tensor [kv_heads, num_blocks, block_size, d]");
   TORCH_CHECK_VALUE(t.stride(3) == 1, name, " needs a contiguous last dimension");
+}
+
+// Fewer items than the threads can share (a short chunk: one per KV head): each is cut into parts
+// over its keys, the cuts at whole key tiles within the prefix all its rows see (so every part's
+// first key is seen by every row). Replaces those items by their parts in `items`; returns the
+// number of partials.
+int64_t split_items(const Problem& p, int64_t threads, std::vector<Item>& items, std::vector<Split>& splits) {
+  const int64_t n_items = static_cast<int64_t>(items.size()), want = threads * kItemsPerThread;
+  if (threads <= 1 || n_items >= want) return 0;
+  const int64_t kt = kKeyTile;  // parts cut at multiples of the tile (KT divides it: KB does)
+  std::vector<Item> out;
+  int64_t parts = 0;
+  for (const Item& it : items) {
+    const int64_t first = p.start + it.t0, keys = p.start + it.t1;  // keys 0 .. keys - 1
+    const int64_t tiles = (keys + kt - 1) / kt;
+    int64_t count = std::min((want + n_items - 1) / n_items, tiles);
+    int64_t per = count > 0 ? (tiles + count - 1) / count : tiles;  // tiles per part
+    while (count > 1 && (count - 1) * per * kt > first) {  // the last cut must be a key row 0 sees
+      --count;
+      per = (tiles + count - 1) / count;
+    }
+    if (count <= 1) {
+      out.push_back(it);
+      continue;
+    }
+    splits.push_back({it.h, it.t0, it.t1, parts, count});
+    for (int64_t s = 0; s < count; ++s) {
+      const int64_t lo = s * per * kt, hi = s + 1 < count ? (s + 1) * per * kt : keys;
+      out.push_back({it.h, it.t0, it.t1, lo, hi, parts++});
+    }
+  }
+  items = std::move(out);
+  return parts;
+}
+
+// Each split item's rows from its parts: out = sum_s ot_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+void merge(const Problem& p, const std::vector<Split>& splits) {
+  const int64_t d = p.head_dim, g_n = p.group;
+  std::vector<float> w;
+  for (const Split& sp : splits) {
+    w.resize(sp.count);
+    const int64_t rows = (sp.t1 - sp.t0) * g_n;
+    for (int64_t r = 0; r < rows; ++r) {
+      float big = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < sp.count; ++s) big = std::max(big, p.parts[(sp.first + s) * part_floats(d) + r]);
+      float den = 0.0f;
+      for (int64_t s = 0; s < sp.count; ++s) {
+        const float* part = p.parts + (sp.first + s) * part_floats(d);
+        w[s] = std::exp(part[r] - big);
+        den += w[s] * part[kMaxRows + r];
+      }
+      const int64_t t = sp.t0 + r / g_n;
+      float* o = p.out + t * p.os0 + (sp.h * g_n + r % g_n) * p.os1;
+      for (int64_t c = 0; c < d; ++c) {
+        float num = 0.0f;
+        for (int64_t s = 0; s < sp.count; ++s) {
+          num += w[s] * p.parts[(sp.first + s) * part_floats(d) + 2 * kMaxRows + r * d + c];
+        }
+        o[c] = num / den;
+      }
+    }
+  }
 }
 
 // q [n, H, d] fp32; k_cache, v_cache [kv_heads, num_blocks, block_size, d] fp32 (same strides);
@@ -212,9 +291,13 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, con
     for (int64_t h = 0; h < p.kv_heads; ++h) items.push_back({h, t0, t1});
     tiles += p.kv_heads * ((start + t1 + kKeyTile - 1) / kKeyTile);
   }
+  const int64_t pool = tiles < kInlineTiles ? 1 : std::max(1, at::get_num_threads());
+  std::vector<Split> splits;
+  const int64_t parts = split_items(p, pool, items, splits);
+  std::vector<float> partials(parts * part_floats(d));
+  p.parts = partials.data();
   const int64_t n_items = static_cast<int64_t>(items.size());
-  const int threads = tiles < kInlineTiles ? 1 : static_cast<int>(std::min<int64_t>(
-                                                       n_items, std::max(1, at::get_num_threads())));
+  const int threads = static_cast<int>(std::min(n_items, pool));
   std::vector<std::vector<float>> scratch(threads);
   ctxfuse_pool::parallel_for(
       n_items, 1,
@@ -224,6 +307,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, con
         for (int64_t i = i0; i < i1; ++i) fn(p, items[i], s.data());
       },
       threads);
+  merge(p, splits);
   return out;
 }
 
@@ -338,8 +422,11 @@ void run_item(const Problem& p, const Item& it, float* scratch) {
 
   const float* keys[kKeyTile];
   const float* vals[kKeyTile];
-  for (int64_t k0 = 0; k0 <= last; k0 += KT) {
-    const int64_t live = std::min(KT, last + 1 - k0);
+  // a part of a split starts at a key every row sees (k_lo <= first), so m is finite after its
+  // first tile as it is after key 0's
+  const int64_t k_end = std::min(last + 1, it.k_hi);
+  for (int64_t k0 = it.k_lo; k0 < k_end; k0 += KT) {
+    const int64_t live = std::min(KT, k_end - k0);
     const int64_t nk = (live + KB - 1) / KB * KB;  // whole key blocks; the tail repeats a live key
     for (int64_t j = 0; j < nk; ++j) {
       const int64_t at = k0 + std::min(j, live - 1);
@@ -377,6 +464,15 @@ void run_item(const Problem& p, const Item& it, float* scratch) {
     }
   }
 
+  if (it.part >= 0) {
+    float* part = p.parts + it.part * part_floats(d);
+    for (int64_t r = 0; r < rows; ++r) {
+      part[r] = m[r];
+      part[kMaxRows + r] = l[r];
+      for (int64_t c = 0; c < d; ++c) part[2 * kMaxRows + r * d + c] = ot[c * rp + r];
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = it.t0 + r / g_n;
     float* o = p.out + t * p.os0 + (h * g_n + r % g_n) * p.os1;

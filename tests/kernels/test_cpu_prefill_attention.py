@@ -83,6 +83,27 @@ def test_matches_the_float64_reference(
     torch.testing.assert_close(got, _reference(q, k, v, table, start, d**-0.5), atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("isa", ISAS, ids=[i.name for i in ISAS])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("n", "start"), [(1, 700), (4, 1000), (4, 1023), (16, 640), (2, 64)])
+def test_a_short_chunk_after_a_long_context_is_split_over_its_keys(
+    isa: pa.Isa, threads: int, n: int, start: int
+) -> None:
+    """A verify step's chunk (1 + drafts positions) makes one item per KV head; with 2+ threads each
+    is cut into parts over its keys and merged (a cut never lies past what row 0 sees: start 1023
+    puts the first row one key before a tile's end, start 64 leaves one whole tile to cut)."""
+    gen = torch.Generator().manual_seed(n * 7 + start + threads)
+    k, v, table = _cache(start + n, 3, 64, 16, gen)
+    q = torch.randn(n, 9, 64, generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = pa.prefill_attention_cpu(q, k, v, table, start, 0.125, isa=_isa(isa))
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, _reference(q, k, v, table, start, 0.125), atol=2e-6, rtol=1e-5)
+
+
 def test_strided_queries_and_output_in_place() -> None:
     gen = torch.Generator().manual_seed(3)
     k, v, table = _cache(90, 3, 64, 16, gen)
@@ -124,25 +145,32 @@ def _meta(seqs: list[PrefillSeq], slots: torch.Tensor) -> AttentionMetadata:
 
 @pytest.mark.parametrize("kind", ["fp32", "int8"])
 def test_the_cpu_backend_gives_the_reference_output(kind: str) -> None:
-    """Two requests' chunks in one step: the fp32 cache takes the kernel, the int8 one the
-    reference (whose chunk keys stay unrounded); both equal DenseAttention."""
+    """Three requests' chunks in one step: the fp32 cache takes the kernels (the prefill kernel for
+    the long chunks, the multi-query decode kernel for 3 positions after 33 cached, a verify step's
+    shape), the int8 one the reference (whose chunk keys stay unrounded); all equal DenseAttention."""
     gen = torch.Generator().manual_seed(5)
     heads, kv_heads, d, bs = 9, 3, 64, 16
     if kind == "fp32":
         cache: KVCache | QuantizedKVCache = KVCache(1, 16, bs, kv_heads, d, torch.float32)
     else:
         cache = QuantizedKVCache(1, 16, bs, kv_heads, d, torch.float32, 8, lambda _: False, staging_slots=2)
-    tables = [torch.arange(0, 6), torch.arange(8, 12)]
-    # request 0 has 40 cached tokens and prefills 50 more; request 1 prefills its first 20
-    cached = torch.arange(40)
-    kv = torch.randn(2, 40, kv_heads, d, generator=gen)
-    cache.write(0, kv[0], kv[1], tables[0][cached // bs] * bs + cached % bs)
-    seqs = [PrefillSeq(0, 50, 40, tables[0]), PrefillSeq(50, 20, 0, tables[1])]
-    p0, p1 = torch.arange(40, 90), torch.arange(0, 20)
-    slots = torch.cat([tables[0][p0 // bs] * bs + p0 % bs, tables[1][p1 // bs] * bs + p1 % bs])
-    q = torch.randn(70, heads, d, generator=gen)
-    k = torch.randn(70, kv_heads, d, generator=gen)
-    v = torch.randn(70, kv_heads, d, generator=gen)
+    tables = [torch.arange(0, 6), torch.arange(8, 12), torch.tensor([15, 13, 6])]
+    # request 0 has 40 cached tokens and prefills 50 more; request 1 prefills its first 20;
+    # request 2 has 33 cached and checks 3 positions
+    for table, n in ((tables[0], 40), (tables[2], 33)):
+        cached = torch.arange(n)
+        kv = torch.randn(2, n, kv_heads, d, generator=gen)
+        cache.write(0, kv[0], kv[1], table[cached // bs] * bs + cached % bs)
+    seqs = [
+        PrefillSeq(0, 50, 40, tables[0]),
+        PrefillSeq(50, 20, 0, tables[1]),
+        PrefillSeq(70, 3, 33, tables[2]),
+    ]
+    positions = (torch.arange(40, 90), torch.arange(0, 20), torch.arange(33, 36))
+    slots = torch.cat([t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)])
+    q = torch.randn(73, heads, d, generator=gen)
+    k = torch.randn(73, kv_heads, d, generator=gen)
+    v = torch.randn(73, kv_heads, d, generator=gen)
     cache.write(0, k, v, slots)
     dense = DenseAttention(heads, kv_heads, d)
     want = dense(0, q, k, v, cache, _meta(seqs, slots))
