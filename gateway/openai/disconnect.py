@@ -10,7 +10,6 @@ for the disconnect itself.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -34,16 +33,27 @@ async def _wait_disconnect(receive: Receive) -> None:
 
 
 async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    """`work`, awaited in this task while a watcher task waits on `receive`: a disconnect cancels
+    this task (so the work's `finally` runs) and comes out as ClientDisconnectedError. One task
+    beside the caller's, not two and an `asyncio.wait`: this runs on every whole answer."""
+    me = asyncio.current_task()
+    if me is None:
+        raise RuntimeError("cancel_on_disconnect runs inside a task")
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_disconnect(receive)
+        gone = True
+        me.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # cancelled from outside (a shutdown): not ours to answer
+        me.uncancel()
+        raise ClientDisconnectedError("the client disconnected before the response") from None
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise ClientDisconnectedError("the client disconnected before the response")
-    return task.result()
