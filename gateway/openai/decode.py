@@ -22,6 +22,9 @@ T = TypeVar("T")
 # Real-world JSON schemas nest to about 17 levels (JSONSchemaBench); 128 leaves them room and keeps
 # the decoder and the schema checks far from Python's recursion limit.
 MAX_NESTING = 128
+# an escaped backslash or quote, the only escapes that can hide or fake a string's end (inside a string
+# only: outside one, JSON has no backslash); matched left to right, as a parser reads a run of them
+_QUOTING_ESCAPE = re.compile(rb'\\[\\"]')
 _NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))  # all but quotes and brackets
 _DEPTH_STEP = np.zeros(256, dtype=np.int8)
 _DEPTH_STEP[[ord("["), ord("{")]] = 1
@@ -73,12 +76,12 @@ def _unknown_field(message: str, param: str | None) -> InvalidRequestError | Non
 
 
 def nesting_depth(body: bytes) -> int:
-    """How deeply the JSON text nests arrays and objects, at C speed: escaped backslashes, then
-    escaped quotes are dropped (pairs taken left to right, as a JSON parser reads a run of
-    backslashes; escapes exist inside strings only), so each quote left opens or closes a string;
-    then everything but quotes and brackets, then every string's text; one cumulative sum runs over
-    the brackets left. ~0.1 ms for an 80 KB chat (a regex matching whole strings took 2 ms)."""
-    flat = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    """How deeply the JSON text nests arrays and objects, at C speed: escaped backslashes and quotes
+    are dropped (other escapes hide nothing), so each quote left opens or closes a string; then
+    everything but quotes and brackets, then every string's text; one cumulative sum runs over the
+    brackets left. ~0.1 ms for an 80 KB chat (a regex matching whole strings took 2 ms; one dropping
+    every escape, 0.15)."""
+    flat = _QUOTING_ESCAPE.sub(b"", body).translate(None, _NOT_STRUCTURE)
     bare = np.frombuffer(b"".join(flat.split(b'"')[::2]), dtype=np.uint8)
     if bare.size == 0:
         return 0
