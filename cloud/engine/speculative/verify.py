@@ -8,9 +8,9 @@ decoding would have chosen given the same logits: greedy output does not change,
 output keeps its distribution (the draft is a fixed guess, accepted with exactly the probability
 the model gives it; on a miss the token drawn is the model's, drawn from the rest of its mass).
 
-Two ways to the same tokens. In order (`sample_positions_in_order`): one sampler call per position,
-each over the rows still going. At once (`sample_positions_at_once`): the tokens before a kept
-position p are the request's tokens and drafts[:p], so a request without a grammar has all its
+Two ways to the same tokens (`sample_positions`' `at_once`). In order: one sampler call per
+position, each over the rows still going. At once: the tokens before a kept position p are the
+request's tokens and drafts[:p], so a request without a grammar has all its
 positions sampled in one call and keeps them up to its first miss; a grammar must advance over kept
 tokens only, so a request with one joins that call with position 0 alone and goes on in order.
 Each sampler call ends in a device-to-host sync, so on a device at once saves k of them and the
@@ -72,28 +72,24 @@ def sample_positions(
     floats: torch.Tensor,
     ints: torch.Tensor,
     steps: torch.Tensor,
+    *,
+    at_once: bool | None = None,
 ) -> list[list[SampleResult]]:
     """logits: [sum(counts), vocab], each row's positions in turn; drafts[i]: counts[i] - 1 tokens;
     floats / ints / steps: the rows' sampling parameters and tokens generated (input_batch.py).
-    Returns each row's kept tokens; appends them to the rows' token lists."""
-    verify = sample_positions_in_order if logits.device.type == "cpu" else sample_positions_at_once
-    return verify(sampler, logits, rows, counts, drafts, floats, ints, steps)
-
-
-def sample_positions_at_once(
-    sampler: Sampler,
-    logits: torch.Tensor,
-    rows: list[SampleRow],
-    counts: list[int],
-    drafts: list[list[int]],
-    floats: torch.Tensor,
-    ints: torch.Tensor,
-    steps: torch.Tensor,
-) -> list[list[SampleResult]]:
-    """One sampler call for every position of the rows without a grammar and position 0 of those
-    with one; then one call per further position those keep (as sample_positions_in_order)."""
+    Returns each row's kept tokens; appends them to the rows' token lists. `at_once`: the way (None:
+    at once on a device, in order on the host)."""
     chunk = _Chunk.of(logits, rows, counts, drafts, floats, ints, steps)
-    spans = [c if row.grammar is None else 1 for row, c in zip(rows, counts, strict=True)]
+    if at_once is None:
+        at_once = logits.device.type != "cpu"
+    return _at_once(sampler, chunk) if at_once else _in_order(sampler, chunk)
+
+
+def _at_once(sampler: Sampler, chunk: _Chunk) -> list[list[SampleResult]]:
+    """One sampler call for every position of the rows without a grammar and position 0 of those
+    with one; then one call per further position those keep (as _in_order)."""
+    rows, drafts = chunk.rows, chunk.drafts
+    spans = [c if row.grammar is None else 1 for row, c in zip(rows, chunk.counts, strict=True)]
     owner = [r for r, n in enumerate(spans) for _ in range(n)]
     pos = [p for n in spans for p in range(n)]
     picked = [_at_position(rows[r], drafts[r], p) for r, p in zip(owner, pos, strict=True)]
@@ -114,20 +110,10 @@ def sample_positions_at_once(
     return kept
 
 
-def sample_positions_in_order(
-    sampler: Sampler,
-    logits: torch.Tensor,
-    rows: list[SampleRow],
-    counts: list[int],
-    drafts: list[list[int]],
-    floats: torch.Tensor,
-    ints: torch.Tensor,
-    steps: torch.Tensor,
-) -> list[list[SampleResult]]:
+def _in_order(sampler: Sampler, chunk: _Chunk) -> list[list[SampleResult]]:
     """One sampler call per position, over the rows still going: what decoding would do."""
-    chunk = _Chunk.of(logits, rows, counts, drafts, floats, ints, steps)
-    kept: list[list[SampleResult]] = [[] for _ in rows]
-    _walk(sampler, chunk, kept, list(range(len(rows))), 0)
+    kept: list[list[SampleResult]] = [[] for _ in chunk.rows]
+    _walk(sampler, chunk, kept, list(range(len(chunk.rows))), 0)
     return kept
 
 

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import torch
 import xgrammar as xgr
 
 from cloud.engine.sampling.sampler import Sampler, SampleRow, SamplingBatch, param_row
-from cloud.engine.speculative.verify import (
-    sample_positions,
-    sample_positions_at_once,
-    sample_positions_in_order,
-)
+from cloud.engine.speculative.verify import sample_positions
 from shared.engine_types import SampleResult, SamplingParams
 
 VOCAB = [chr(i) for i in range(32, 127)] + [""]  # printable ASCII, one char a token; then the stop token
@@ -26,6 +23,8 @@ V = len(VOCAB)
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 Verify = Callable[..., list[list[SampleResult]]]
+sample_positions_at_once: Verify = partial(sample_positions, at_once=True)
+sample_positions_in_order: Verify = partial(sample_positions, at_once=False)
 
 
 class CountingSampler(Sampler):
