@@ -50,6 +50,7 @@
 #include <limits>
 #include <vector>
 
+#include "lse_merge.h"
 #include "thread_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -400,32 +401,15 @@ Plan plan(const std::vector<std::pair<int64_t, int64_t>>& units, int64_t kv_head
   return out;
 }
 
-// out[r, i, h * G + g] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s
+// out[r, i, h * G + g] from the pair's partials (lse_merge.h); a row nothing was live for stays 0
 void merge(const Problem& p, const Plan& pl, const float* parts, float* out) {
   const int64_t g_n = p.rows, d = p.head_dim, stride = g_n * (d + 2);
-  std::vector<float> w(kMaxSplits);
+  std::vector<float> w;
   for (const Merge& mg : pl.merges) {
+    const float* first = parts + mg.first * stride;
     for (int64_t g = 0; g < g_n; ++g) {
-      float big = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < mg.count; ++s) {
-        const float* part = parts + (mg.first + s) * stride;
-        if (part[g_n + g] > 0.0f) big = std::max(big, part[g]);
-      }
-      float* o = out + row_offset(p, mg.r, mg.h, g);
-      float den = 0.0f;
-      for (int64_t s = 0; s < mg.count; ++s) {
-        const float* part = parts + (mg.first + s) * stride;
-        w[s] = part[g_n + g] > 0.0f ? std::exp(part[g] - big) : 0.0f;
-        den += w[s] * part[g_n + g];
-      }
-      if (!(den > 0.0f)) continue;  // nothing live: the output stays 0
-      for (int64_t c = 0; c < d; ++c) {
-        float num = 0.0f;
-        for (int64_t s = 0; s < mg.count; ++s) {
-          if (w[s] != 0.0f) num += w[s] * parts[(mg.first + s) * stride + 2 * g_n + g * d + c];
-        }
-        o[c] = num / den;
-      }
+      ctxfuse_merge::merge_row(first + g, first + g_n + g, first + 2 * g_n + g * d, stride, mg.count, d,
+                               out + row_offset(p, mg.r, mg.h, g), w);
     }
   }
 }

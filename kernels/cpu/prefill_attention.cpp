@@ -44,6 +44,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "lse_merge.h"
 #include "thread_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -188,31 +189,18 @@ int64_t split_items(const Problem& p, int64_t threads, std::vector<Item>& items,
   return parts;
 }
 
-// Each split item's rows from its parts: out = sum_s ot_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+// Each split item's rows from its parts (lse_merge.h: every part saw a key of every row)
 void merge(const Problem& p, const std::vector<Split>& splits) {
-  const int64_t d = p.head_dim, g_n = p.group;
+  const int64_t d = p.head_dim, g_n = p.group, stride = part_floats(d);
   std::vector<float> w;
   for (const Split& sp : splits) {
-    w.resize(sp.count);
+    const float* first = p.parts + sp.first * stride;
     const int64_t rows = (sp.t1 - sp.t0) * g_n;
     for (int64_t r = 0; r < rows; ++r) {
-      float big = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < sp.count; ++s) big = std::max(big, p.parts[(sp.first + s) * part_floats(d) + r]);
-      float den = 0.0f;
-      for (int64_t s = 0; s < sp.count; ++s) {
-        const float* part = p.parts + (sp.first + s) * part_floats(d);
-        w[s] = std::exp(part[r] - big);
-        den += w[s] * part[kMaxRows + r];
-      }
       const int64_t t = sp.t0 + r / g_n;
       float* o = p.out + t * p.os0 + (sp.h * g_n + r % g_n) * p.os1;
-      for (int64_t c = 0; c < d; ++c) {
-        float num = 0.0f;
-        for (int64_t s = 0; s < sp.count; ++s) {
-          num += w[s] * p.parts[(sp.first + s) * part_floats(d) + 2 * kMaxRows + r * d + c];
-        }
-        o[c] = num / den;
-      }
+      ctxfuse_merge::merge_row(first + r, first + kMaxRows + r, first + 2 * kMaxRows + r * d, stride,
+                               sp.count, d, o, w);
     }
   }
 }

@@ -82,7 +82,9 @@ class CpuKernelAttention(KernelAttention):
             # a verify step's few positions: the decode kernel's one pass over the context for all
             # of them, split over the threads
             length = torch.tensor([seq.start_pos + seq.q_len], dtype=torch.int32)
-            rows = paged_decode_cpu(q[None], kc, vc, seq.block_table[None], length, self.dense.scale)
+            table = seq.block_table[None]
+            # every layer reads the same table and length: checked once, at layer 0 (as decode rows)
+            rows = paged_decode_cpu(q[None], kc, vc, table, length, self.dense.scale, check=layer == 0)
             out.copy_(rows[0])
             return True
         prefill_attention_cpu(q, kc, vc, seq.block_table, seq.start_pos, self.dense.scale, out=out)
