@@ -26,10 +26,10 @@ import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
-from litestar.response import Stream
 from litestar.types import ASGIApp
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from shared.disconnect import WatchedStream
 from shared.errors import InvalidRequestError, ModelLoadError
 from shared.forwarded_path import UnsafePathError, forwarded_path
 from shared.tls import client_context
@@ -123,7 +123,7 @@ async def _relay(resp: httpx.Response) -> Response[Any]:
             finally:  # the app went away: closing upstream makes the gateway abort the request
                 await resp.aclose()
 
-        return Stream(
+        return WatchedStream(
             body(),
             status_code=resp.status_code,
             media_type=media,

@@ -28,6 +28,7 @@ from cloud.engine.kv.block_events import BlockEventLog
 from gateway.encoding import encode
 from gateway.seam import Backend, Generation
 from gateway.state import Gateway
+from shared.disconnect import WatchedStream
 from shared.errors import InvalidRequestError
 from shared.fleet_protocol import (
     HASH_SCHEME,
@@ -140,7 +141,7 @@ async def generate(request: Request[Any, Any, Any]) -> Stream:
         image_spans=tuple(req.image_spans),
     )
     # closing it also when the body never starts (the router gone first)
-    return Stream(_frames(gen), media_type=OUTPUTS_MEDIA, background=BackgroundTask(gen.close))
+    return WatchedStream(_frames(gen), media_type=OUTPUTS_MEDIA, background=BackgroundTask(gen.close))
 
 
 @post("/internal/v1/embed", status_code=200, summary="Embeddings of token ids (msgpack in, float32 rows out)")

@@ -45,6 +45,7 @@ from shared.batch_protocol import (
     batch_list,
     file_list,
 )
+from shared.disconnect import WatchedStream
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.file_expiry import check_output_expiry, upload_expiry
 
@@ -168,7 +169,7 @@ async def file_content(request: AnyRequest, file_id: FromPath[str]) -> Stream:
     if ref is None:
         raise NotFoundError(f"no file with id {file_id!r}", param="file_id", code="file_not_found")
     headers = {"content-length": str(ref.size)}
-    return Stream(_pieces(store, ref), media_type="application/octet-stream", headers=headers)
+    return WatchedStream(_pieces(store, ref), media_type="application/octet-stream", headers=headers)
 
 
 async def _pieces(store: Store, ref: ContentRef) -> AsyncIterator[bytes]:

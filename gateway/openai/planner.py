@@ -26,7 +26,6 @@ from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.openai import chat, chat_stream, completions, embeddings
 from gateway.openai.decode import decode_body
-from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.images import Images
 from gateway.openai.logprobs import TokenTexts
 from gateway.openai.results import Reply
@@ -35,6 +34,7 @@ from gateway.ops.observe import request_id
 from gateway.seam import Backend, Generation
 from gateway.state import Gateway
 from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest, ChatAnswer
+from shared.disconnect import cancel_on_disconnect
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError, InvalidRequestError, QueueFullError
 from shared.protocol import (

@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 from litestar import Request, Response, delete, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.params import FromPath, FromQuery, QueryParameter
-from litestar.response import Stream
 
 from gateway.access.auth import principal_of
 from gateway.encoding import encode
@@ -35,6 +34,7 @@ from gateway.openai.responses_convert import (
 from gateway.openai.responses_stream import retell, typed
 from gateway.openai.routes import chat_answer, gateway_of
 from gateway.upstream import Answered
+from shared.disconnect import WatchedStream
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError
 from shared.protocol import ChatCompletionRequest
 from shared.responses_protocol import (
@@ -109,7 +109,7 @@ async def create_response(request: AnyRequest) -> Answered:
             return answer.relayed  # the chat path's error, in our error shape, as it came
         answer = typed(answer.relayed)
     if answer.chunks is not None:
-        return Stream(
+        return WatchedStream(
             retell(answer.chunks, draft, keep),
             media_type="text/event-stream",
             headers=answer.headers,

@@ -13,6 +13,7 @@ import structlog
 from litestar.response import Stream
 
 from gateway.encoding import sse_event
+from shared.disconnect import WatchedStream
 from shared.errors import CtxfuseError
 
 log = structlog.get_logger("ctxfuse.gateway")
@@ -33,4 +34,4 @@ async def _with_error_event(events: AsyncIterator[bytes]) -> AsyncIterator[bytes
 
 
 def sse_stream(events: AsyncIterator[bytes]) -> Stream:
-    return Stream(_with_error_event(events), media_type="text/event-stream", headers=_HEADERS)
+    return WatchedStream(_with_error_event(events), media_type="text/event-stream", headers=_HEADERS)

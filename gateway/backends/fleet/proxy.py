@@ -30,6 +30,7 @@ from gateway.encoding import sse_event
 from gateway.errors import ServiceUnavailableError
 from gateway.ops import tracing
 from gateway.ops.observe import annotate
+from shared.disconnect import WatchedStream
 from shared.errors import CtxfuseError, NotFoundError
 
 log = structlog.get_logger("ctxfuse.fleet")
@@ -204,7 +205,7 @@ async def _send(fleet: Fleet, b: FleetBackend, out: Outgoing) -> Response[bytes]
             fleet.record_outcome(b, True, time.monotonic() - start)
             return Response(content, status_code=resp.status_code, media_type=media, headers=headers)
         handed_over = True
-        return Stream(
+        return WatchedStream(
             _relay(fleet, b, resp, start), status_code=resp.status_code, media_type=media, headers=headers
         )
     finally:

@@ -42,11 +42,11 @@ from gateway.batch.executor import Answer
 from gateway.config import GatewayConfig
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
-from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.planner import Planner
 from gateway.state import Gateway
 from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.block_hash import salt_key
+from shared.disconnect import cancel_on_disconnect
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.engine_types import EngineStats
 from shared.forwarded_path import forwarded_path
