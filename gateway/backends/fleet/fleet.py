@@ -19,9 +19,10 @@ from gateway.backends.fleet.circuit import CircuitBreaker, CircuitState, OnChang
 from gateway.backends.fleet.config import BackendSpec, FleetConfig
 from gateway.backends.fleet.discovery import Resolver
 from gateway.backends.fleet.index import PrefixIndex
-from gateway.backends.fleet.keys import KeyMaker, RequestKeys, prompt_text
+from gateway.backends.fleet.keys import KeyMaker, RequestKeys, chat_text_keys, prompt_text
 from gateway.backends.fleet.metrics import CANARY_VALUE, CIRCUIT_VALUE, FleetMetrics
 from gateway.backends.fleet.shared import FleetSync
+from gateway.backends.fleet.text_memo import TextMemo
 from gateway.backends.fleet.wire import WireClient
 from gateway.errors import ServiceUnavailableError
 from shared.fleet_protocol import TextSide
@@ -57,6 +58,7 @@ class Fleet:
         # the model's text side, to name prompt blocks: given (--model), or None until the first
         # ctxfuse worker's health check sends its own (health.py); until then prompts key by text
         self.keys = KeyMaker(tokenizer, template) if tokenizer is not None and template is not None else None
+        self.text_memo = TextMemo()  # chats' text-chunk keys, a next turn from its earlier turn's
         self.text_side: WorkerText | None = None  # a worker's: the model behind the seam (engine.py)
         self.index = PrefixIndex(config.index_blocks)
         self.canary = CanaryController(config.version_weights, config.canary, stable=config.stable_version)
@@ -165,10 +167,12 @@ class Fleet:
                 raise ServiceUnavailableError(
                     "the router has no tokenizer yet: no ctxfuse worker has answered its health check"
                 )
+            if isinstance(req, ChatCompletionRequest):
+                return chat_text_keys(req, extra_key, self.text_memo), 0
             return RequestKeys([], prompt_text(req), extra_key), 0
         tokenize = self.tokenizes(count)
         if isinstance(req, ChatCompletionRequest):
-            keys = self.keys.chat(req, tokenize, extra_key)
+            keys = self.keys.chat(req, tokenize, extra_key, self.text_memo)
         else:
             keys = self.keys.completion(req, tokenize, extra_key)
         return keys, self.keys.prompt_tokens(req, keys) if count else 0

@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cloud.model.chat_template import ChatTemplate
@@ -19,12 +18,11 @@ from cloud.model.tokenizer import Tokenizer
 from cloud.text.image_text import flatten_content
 from cloud.text.prompt import render_chat_prompt, render_chat_text
 from gateway.backends.fleet.key_memo import Chains, Earlier, KeyMemo, Tokens, conversation_digests
+from gateway.backends.fleet.text_memo import TextMemo, text_chunk_keys
 from gateway.openai import chat, structured
 from shared.block_hash import hash_block
 from shared.errors import CtxfuseError
 from shared.protocol import ChatCompletionRequest, CompletionRequest
-
-TEXT_CHUNK_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +35,10 @@ class RequestKeys:
     # each chain is hashed once per request: matching and recording both read it. Keyed by the extra
     # key too, since a copy with the tenant's salt (dataclasses.replace) shares this dict.
     chains: Chains = field(default_factory=dict, compare=False, repr=False)
+    # a chat's text as its messages' pieces (prompt_pieces), with the memo that keys it from an
+    # earlier turn's (text_memo.py); without a memo, the text is hashed whole
+    pieces: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    memo: TextMemo | None = field(default=None, compare=False, repr=False)
 
     def blocks(self, block_size: int) -> list[bytes]:
         hashes = self.chains.get((block_size, self.extra_key))
@@ -53,12 +55,8 @@ class RequestKeys:
     def text_chunks(self) -> list[bytes]:
         out = self.chains.get((0, b""))  # 0: no block size has it
         if out is None:
-            out, h = [], hashlib.blake2b(digest_size=16)
-            for i in range(len(self.text) // TEXT_CHUNK_CHARS):
-                h.update(
-                    self.text[i * TEXT_CHUNK_CHARS : (i + 1) * TEXT_CHUNK_CHARS].encode("utf-8", "replace")
-                )
-                out.append(h.copy().digest())  # chained: a chunk's key names all the text before it
+            memo = self.memo
+            out = memo.keys(self.pieces, self.extra_key) if memo is not None else text_chunk_keys(self.text)
             self.chains[(0, b"")] = out
         return out
 
@@ -72,17 +70,24 @@ class KeyMaker:
         self.template = template
         self.memo = KeyMemo(tokenizer) if memo else None
 
-    def chat(self, req: ChatCompletionRequest, ctxfuse_backends: bool, extra_key: bytes = b"") -> RequestKeys:
+    def chat(
+        self,
+        req: ChatCompletionRequest,
+        ctxfuse_backends: bool,
+        extra_key: bytes = b"",
+        text_memo: TextMemo | None = None,
+    ) -> RequestKeys:
         """`ctxfuse_backends`: some candidate reports blocks (else tokenizing is wasted work).
-        `extra_key`: the tenant's, as its keys mix it in; tenants never share a remembered prompt."""
-        text = prompt_text(req)
+        `extra_key`: the tenant's, as its keys mix it in; tenants never share a remembered prompt.
+        `text_memo`: what keys its text from an earlier turn's (else it is hashed whole)."""
+        text = chat_text_keys(req, extra_key, text_memo)
         if not ctxfuse_backends:
-            return RequestKeys([], text, extra_key)
+            return text
         try:
             tokens = self._chat_tokens(req, extra_key)
         except CtxfuseError:  # the backend will refuse it with the right error; route it by its text
-            return RequestKeys([], text, extra_key)
-        return RequestKeys(tokens.token_ids, text, extra_key, tokens.earlier, tokens.chains)
+            return text
+        return replace(text, token_ids=tokens.token_ids, earlier=tokens.earlier, chains=tokens.chains)
 
     def _chat_tokens(self, req: ChatCompletionRequest, extra_key: bytes) -> Tokens:
         _, tools = structured.tools_structure(req, False)
@@ -134,11 +139,17 @@ class KeyMaker:
         )
 
 
+def chat_text_keys(req: ChatCompletionRequest, extra_key: bytes, text_memo: TextMemo | None) -> RequestKeys:
+    """A chat's keys by its text alone (no token ids)."""
+    pieces = tuple(f"{m.role}: {_text(m.content)}" for m in req.messages)
+    return RequestKeys([], "\n".join(pieces), extra_key, pieces=pieces, memo=text_memo)
+
+
 def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
     """The prompt's text, for text-chunk keys: each message's role and text, or a completion's
     (first) prompt."""
     if isinstance(req, ChatCompletionRequest):
-        return "\n".join(f"{m.role}: {_text(m.content)}" for m in req.messages)
+        return chat_text_keys(req, b"", None).text
     p = req.prompt
     return p if isinstance(p, str) else p[0] if p and isinstance(p[0], str) else ""
 

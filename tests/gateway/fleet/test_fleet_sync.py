@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 from gateway.backends.fleet.canary import CanaryPolicy
 from gateway.backends.fleet.config import BackendSpec, FleetConfig
 from gateway.backends.fleet.fleet import Fleet
-from gateway.backends.fleet.keys import TEXT_CHUNK_CHARS, RequestKeys
+from gateway.backends.fleet.keys import RequestKeys
 from gateway.backends.fleet.metrics import FleetMetrics
 from gateway.backends.fleet.shared import FleetSync
+from gateway.backends.fleet.text_memo import TEXT_CHUNK_CHARS
 from gateway.shared_state.redis_link import RedisLink
 from tests.redis_rig import unreachable_url
 

@@ -7,7 +7,8 @@ import msgspec
 
 from cloud.model.text_side import load_text_side
 from cloud.serving.in_process import InProcessBackend
-from gateway.backends.fleet.keys import TEXT_CHUNK_CHARS, KeyMaker
+from gateway.backends.fleet.keys import KeyMaker
+from gateway.backends.fleet.text_memo import TEXT_CHUNK_CHARS
 from gateway.openai import chat, structured
 from shared.block_hash import hash_block
 from shared.protocol import ChatCompletionRequest
