@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 TEXT_CHUNK_CHARS = 1024
-# Remembered chats, least recently used dropped first; each holds a hash state, its keys (16 bytes
-# each, one per 1,024 chars) and under 1,024 chars: ~70 KB at 64,000 tokens, under 2 KB at 2,000.
+# Remembered chats, least recently used dropped first; each holds a hash state, its keys (a 16-byte
+# bytes, ~57 bytes with Python's overhead, per 1,024 chars) and under 1,024 chars: ~15 KB for a
+# 64,000-token chat, ~2 KB at 2,000; so at most ~30 MB if every chat remembered is that long.
 MEMO_CHATS = 2048
 
 
