@@ -68,8 +68,8 @@ async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
 
 class WatchedStream(Stream):
     """Litestar's Stream, sent from the response's own task with one watcher for the client's
-    disconnect (cancel_on_disconnect), where Litestar's runs every stream in an anyio task group:
-    its cancel scopes took about a tenth of the router's time on a streamed relay (py-spy). A
+    disconnect (cancel_on_disconnect), where Litestar's runs every stream in an anyio task group
+    and ends it by cancelling a scope (~50 us a response more, in-process). A
     disconnect stops the stream and closes its iterator, whose `finally` frees what it holds."""
 
     def to_asgi_response(

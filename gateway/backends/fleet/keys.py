@@ -35,7 +35,7 @@ class RequestKeys:
     # each chain is hashed once per request: matching and recording both read it. Keyed by the extra
     # key too, since a copy with the tenant's salt (dataclasses.replace) shares this dict.
     chains: Chains = field(default_factory=dict, compare=False, repr=False)
-    # a chat's text as its messages' pieces (prompt_pieces), with the memo that keys it from an
+    # a chat's text as its messages' pieces (chat_text_keys), with the memo that keys it from an
     # earlier turn's (text_memo.py); without a memo, the text is hashed whole
     pieces: tuple[str, ...] = field(default=(), compare=False, repr=False)
     memo: TextMemo | None = field(default=None, compare=False, repr=False)
@@ -141,15 +141,19 @@ class KeyMaker:
 
 def chat_text_keys(req: ChatCompletionRequest, extra_key: bytes, text_memo: TextMemo | None) -> RequestKeys:
     """A chat's keys by its text alone (no token ids)."""
-    pieces = tuple(f"{m.role}: {_text(m.content)}" for m in req.messages)
+    pieces = _chat_pieces(req)
     return RequestKeys([], "\n".join(pieces), extra_key, pieces=pieces, memo=text_memo)
+
+
+def _chat_pieces(req: ChatCompletionRequest) -> tuple[str, ...]:
+    return tuple(f"{m.role}: {_text(m.content)}" for m in req.messages)
 
 
 def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
     """The prompt's text, for text-chunk keys: each message's role and text, or a completion's
     (first) prompt."""
     if isinstance(req, ChatCompletionRequest):
-        return chat_text_keys(req, b"", None).text
+        return "\n".join(_chat_pieces(req))
     p = req.prompt
     return p if isinstance(p, str) else p[0] if p and isinstance(p[0], str) else ""
 

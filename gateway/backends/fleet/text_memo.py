@@ -1,17 +1,17 @@
 """Text-chunk keys of a chat, a conversation's next turn hashing only what its earlier turn did not.
 
-A chat's prompt text is its messages' pieces (`role: text`) joined by newlines, keyed in chained
-chunks of TEXT_CHUNK_CHARS (keys.py). Hashing it whole costs ~0.2 ms at 16,000 tokens (encoding and
-blake2b over 70 KB) and grows with every turn. So the memo keeps, per chat it has keyed, where the
-hashing stood after its last message: the hash state, the chunk keys so far and the chars not yet
-in a whole chunk. The next turn repeats those messages and adds some: it finds the longest run of
-its leading messages remembered, goes on from there, and is remembered in turn.
+A chat's prompt text is its messages' pieces (`role: text`, keys.py) joined by newlines, keyed in
+chained chunks of TEXT_CHUNK_CHARS (text_chunk_keys). Hashing it whole costs ~0.2 ms at 16,000
+tokens (encoding and blake2b over 70 KB) and grows with every turn. So the memo keeps, per chat it
+has keyed, where the hashing stood after its last message: the hash state, the chunk keys so far and
+the chars not yet in a whole chunk. The next turn repeats those messages and adds some: it finds the
+longest run of its leading messages remembered, goes on from there, and is remembered in turn.
 
 A run of messages is found by its pieces' string hashes (Python's, keyed per process, computed at C
 speed: ~17 us for 70 KB) chained with the tenant's key and checked against the run's length in
-chars, so tenants never share a remembered run and a stale or colliding entry can only cost a
-rehash. What comes out equals hashing the joined text whole (keys.text_chunk_keys), which the tests
-hold it to.
+chars, so tenants never share a remembered run; a collision (the same 64-bit hash and length) could
+only misroute, never leak or fail a request. What comes out equals hashing the joined text whole
+(text_chunk_keys), which the tests hold it to.
 """
 
 from __future__ import annotations
