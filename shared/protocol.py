@@ -22,14 +22,30 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 # -- requests ---------------------------------------------------------------------------------
 
 
+class InputAudio(Struct, kw_only=True):
+    """OpenAI's audio part, declared only so that its refusal names the part type (chat.py)."""
+
+    data: str | None = None
+    format: str | None = None
+
+
+class FileRef(Struct, kw_only=True):
+    """OpenAI's file part, declared only so that its refusal names the part type (chat.py)."""
+
+    file_id: str | None = None
+    file_data: str | None = None
+    filename: str | None = None
+
+
 class ContentPart(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     type: str  # "text", "image_url" or our "image_features"; anything else is a 400 naming the part
     text: str | None = None
     image_url: ImageUrl | None = None
     image_features: ImageFeatures | None = None
-    # OpenAI's other part types, declared so that their refusal names the part type (chat.py)
-    input_audio: dict[str, Any] | None = None
-    file: dict[str, Any] | None = None
+    # OpenAI's other part types (typed, not free JSON: a chat's messages then need no walk for their
+    # depth after decoding, gateway/openai/decode.py)
+    input_audio: InputAudio | None = None
+    file: FileRef | None = None
 
 
 class ChatMessage(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

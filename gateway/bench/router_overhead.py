@@ -3,7 +3,9 @@ of backends that answer at once, measured beside the backend reached directly. T
 
 - `openai`: an OpenAI-compatible server (instant_upstream.py) answering with bytes recorded from the
   gateway over the instant engine. The router relays the body and the answer, so whatever it takes
-  beyond the upstream is its own: decoding, routing, the upstream hop and relaying ("added").
+  beyond the upstream is its own: decoding, routing, the upstream hop and relaying ("added"). Beside
+  it, the least relay this stack can make (bare_relay.py: uvicorn and the router's HTTP client, no
+  framework) before the same upstream: the floor ("bare_added"), and the router's own work above it.
 - `worker`: a ctxfuse worker over the instant engine with the default model's tokenizer and template
   (serve.py `instant-worker`). The router plans each chat itself (template, tokenize through its key
   memo, block keys) and streams the answer from the worker's output frames: the engine seam with a
@@ -79,6 +81,7 @@ class Rig:
     router: ChildServer
     plain: Recorded
     streamed: Recorded
+    bare: ServerProcess | None = None  # the least relay before the same upstream (openai kind only)
 
     @property
     def upstream_headers(self) -> dict[str, str]:
@@ -160,15 +163,21 @@ def router_rig(kind: str = "openai") -> Iterator[Rig]:
             str(Path(tmp) / "router"),
         ]
         router: ChildServer | None = None
+        bare: ServerProcess | None = None
         try:
             upstream.wait_ready()
+            if kind == "openai":
+                bare = ServerProcess("bare-relay", upstream.url)
+                bare.wait_ready()
             router = ChildServer(args, env)
             router.wait_ready()
             _wait_routable(router)
-            yield Rig(kind, upstream, router, Recorded.load(plain), Recorded.load(streamed))
+            yield Rig(kind, upstream, router, Recorded.load(plain), Recorded.load(streamed), bare)
         finally:
             if router is not None:
                 router.stop()
+            if bare is not None:
+                bare.stop()
             upstream.stop()
 
 
@@ -185,12 +194,12 @@ def _content(reply: bytes, streaming: bool) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
 
-def relays(rig: Rig, body: str, streaming: bool) -> bool:
-    """Whether the router answers `body` as the backend does: before a relayed server, the same bytes
-    (a stream: the same events); before a worker, whose answers carry ids of the router's own, the
-    same text, a stream ending in `[DONE]`."""
+def relays(rig: Rig, body: str, streaming: bool, via: str | None = None) -> bool:
+    """Whether the router (or the server at `via`) answers `body` as the backend does: before a
+    relayed server, the same bytes (a stream: the same events); before a worker, whose answers carry
+    ids of the router's own, the same text, a stream ending in `[DONE]`."""
     try:
-        reply = _post(rig.router.url + ROUTE, body)[1]
+        reply = _post((via or rig.router.url) + ROUTE, body)[1]
     except urllib.error.HTTPError:
         return False
     expected = b"".join((rig.streamed if streaming else rig.plain).chunks)
@@ -209,6 +218,8 @@ def _compare(rig: Rig, body: ChatBody, mode: str, opts: RouterBenchOptions) -> d
         "router": (rig.router.url + ROUTE, None),
         "upstream": (rig.upstream.url + ROUTE, rig.upstream_headers),
     }
+    if rig.bare is not None:
+        targets["bare_relay"] = (rig.bare.url + ROUTE, None)
     one, many = {}, {}
     for name, (url, headers) in targets.items():  # one target at a time, each left to drain after
         run_wrk(url, body.text, opts.fleet_connections, WARMUP_S, headers)
@@ -231,6 +242,11 @@ def _compare(rig: Rig, body: ChatBody, mode: str, opts: RouterBenchOptions) -> d
         return row
     added_p50, added_p99 = router.p50_ms - upstream.p50_ms, router.p99_ms - upstream.p99_ms
     row["added_p50_ms"], row["added_p99_ms"] = round(added_p50, 3), round(added_p99, 3)
+    if "bare_relay" in one:  # the floor: what a relay that does nothing else adds
+        bare = one["bare_relay"]
+        row["bare_relay"] = {"latency": bare.as_dict(), "rate": many["bare_relay"].as_dict()}
+        row["bare_added_p50_ms"] = round(bare.p50_ms - upstream.p50_ms, 3)
+        row["router_beyond_bare_p50_ms"] = round(router.p50_ms - bare.p50_ms, 3)
     row["aims_met"] = {  # a run with errors meets nothing
         "added_p50": added_p50 <= AIM_ADDED_P50_MS and router.errors == 0,
         "added_p99": added_p99 <= AIM_ADDED_P99_MS and router.errors == 0,
@@ -257,16 +273,19 @@ def run(opts: RouterBenchOptions) -> dict[str, Any]:
         "load": "wrk -t1, closed loop of N kept-alive connections; latency to the last byte of the response",
         "servers": "the router (`ctxfuse serve --backend URL`, default options) before an instant "
         "backend (openai: a raw ASGI OpenAI-compatible server; worker: `ctxfuse worker` over the "
-        "instant engine), each one process on loopback",
+        "instant engine), each one process on loopback; before the openai backend, the bare relay too "
+        "(bare_relay.py, the floor)",
     }
     for kind in opts.kinds:
         rows: list[dict[str, Any]] = []
         with router_rig(kind) as rig:
+            relayers = {"router": rig.router.url} | ({"bare relay": rig.bare.url} if rig.bare else {})
             for (size, mode), body in bodies.items():
-                if not relays(rig, body.text, mode == "streaming"):
-                    raise CtxfuseError(
-                        f"the router does not relay the {kind} backend's {mode} answer ({size} tokens)"
-                    )
+                for name, url in relayers.items():
+                    if not relays(rig, body.text, mode == "streaming", url):
+                        raise CtxfuseError(
+                            f"the {name} does not relay the {kind} backend's {mode} answer ({size} tokens)"
+                        )
             for size in opts.prompt_tokens:
                 row = {mode: _compare(rig, bodies[size, mode], mode, opts) for mode, _ in MODES}
                 rows.append({"prompt_tokens_asked": size, **row})

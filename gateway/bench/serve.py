@@ -8,6 +8,8 @@ those limits cost, measured beside the real thing (`ctxfuse bench gateway --comp
 `python -m gateway.bench.serve baseline PORT RECORDED.json` serves the baseline app;
 `python -m gateway.bench.serve upstream PORT MODEL PLAIN.json STREAMED.json` serves an instant
 OpenAI-compatible server for a router to stand before (`ctxfuse bench gateway --fleet`);
+`python -m gateway.bench.serve bare-relay PORT UPSTREAM_URL` serves the least relay this stack can
+make (bare_relay.py), the floor the router is measured beside;
 `python -m gateway.bench.serve instant-worker PORT` serves a ctxfuse worker over the instant engine
 with the default model's tokenizer and template (the same bench, behind the engine seam);
 `python -m gateway.bench.serve keyed PORT DATA_DIR [REDIS_URL]` serves the gateway whose tenants'
@@ -138,6 +140,12 @@ def _serve_upstream(port: int, model: str, plain: Path, streamed: Path) -> None:
     _serve_asgi(InstantUpstream(model, Recorded.load(plain), Recorded.load(streamed)), port)
 
 
+def _serve_bare_relay(port: int, upstream: str) -> None:
+    from gateway.bench.bare_relay import BareRelay
+
+    _serve_asgi(BareRelay(upstream), port)
+
+
 WORKER_KEY = "bench-worker-key"  # the instant worker's key: its router sends it (--backend-key)
 WORKER_CONTEXT = 32_768  # room for the 16,000-token prompts of `bench gateway --fleet`
 
@@ -175,6 +183,8 @@ def main(argv: list[str]) -> int:
         _serve_instant_worker(port)
     elif kind == "upstream":
         _serve_upstream(port, argv[2], Path(argv[3]), Path(argv[4]))
+    elif kind == "bare-relay":
+        _serve_bare_relay(port, argv[2])
     elif kind == "edge":
         _serve_edge_gateway(port, int(argv[2]), Path(argv[3]), Path(argv[4]))
     else:

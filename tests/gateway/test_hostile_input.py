@@ -13,10 +13,11 @@ import httpx
 import pytest
 
 from cloud.serving.in_process import InProcessBackend
-from gateway.openai.decode import nesting_depth
+from gateway.openai.decode import MAX_NESTING, decode_body, nesting_depth
 from gateway.openai.results import check_finish
 from shared.engine_types import RequestOutput
-from shared.errors import EngineError
+from shared.errors import EngineError, InvalidRequestError
+from shared.protocol import ChatCompletionRequest
 
 from .conftest import GATEWAY, MODEL, Served, run_in_thread
 
@@ -78,6 +79,42 @@ def test_the_depth_scan_skips_brackets_and_escaped_quotes_inside_strings() -> No
         for ascii_only in (True, False):
             body = json.dumps(v, ensure_ascii=ascii_only).encode()
             assert nesting_depth(body) == _depth(v), body
+
+
+def test_decoding_refuses_exactly_the_bodies_nested_past_the_limit() -> None:
+    """After decoding, only the values a wire type leaves free are walked for their depth: the answer
+    is still the whole body's depth, wherever the free value sits, however it mixes objects and arrays,
+    and when it is too large to walk (the scan of the text takes over)."""
+    rng = random.Random(1)
+
+    def nested(levels: int) -> object:
+        value: object = "x"
+        for _ in range(levels):
+            value = [value, 1] if rng.random() < 0.5 else {"k": value, "n": [2]}
+        return value
+
+    places = [
+        lambda v: {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": v}}},
+        lambda v: {"tools": [{"type": "function", "function": {"name": "f", "parameters": v}}]},
+        lambda v: {"chat_template_kwargs": v},
+        lambda v: {"guided_json": v},
+        lambda v: {"structured_outputs": {"json": v}},
+    ]
+    wide = {f"p{i}": {"type": "string"} for i in range(5000)}  # past the walk's bound
+    for place in places:
+        for levels in (0, 1, 60, 120, 123, 124, 125, 126, 127, 128, 140, 300):
+            for extra in ({}, {"wide": wide}):
+                free = {"a": nested(levels), **extra}
+                fields = place(free)
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "[[{{"}], **fields}
+                depth = _depth(body)
+                try:
+                    decode_body(json.dumps(body).encode(), ChatCompletionRequest)
+                except InvalidRequestError as exc:
+                    assert exc.code == "nesting_too_deep" and depth > MAX_NESTING, (levels, exc)
+                    assert f"nests {depth} levels" in str(exc)
+                else:
+                    assert depth <= MAX_NESTING, (levels, depth)
 
 
 def test_a_deep_but_reasonable_body_still_decodes(served: Served) -> None:

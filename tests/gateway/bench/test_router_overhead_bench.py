@@ -1,5 +1,6 @@
-"""`ctxfuse bench gateway --fleet` without wrk: the router it measures relays the instant upstream's
-recorded answers unchanged, and its chats hold about the prompt tokens asked for."""
+"""`ctxfuse bench gateway --fleet` without wrk: the router it measures, and the bare relay it is
+measured beside, relay the instant upstream's recorded answers unchanged, and its chats hold about the
+prompt tokens asked for."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def test_the_router_relays_the_upstreams_recorded_answers_and_chats_hold_the_tok
         assert all(e.startswith(b"data: ") for e in events)
         assert relays(rig, plain.text, False) and relays(rig, streamed.text, True)
         assert not relays(rig, plain.text, True)  # the check tells the two answers apart
+        assert rig.bare is not None  # the floor beside the router relays the same answers
+        for body, streaming in ((plain, False), (streamed, True), (chat_body(keys, 2000, True), True)):
+            assert relays(rig, body.text, streaming, via=rig.bare.url), streaming
     long = chat_body(keys, 2000, False)
     assert abs(long.prompt_tokens - 2000) <= 200 and len(json.loads(long.text)["messages"]) > 4
 
