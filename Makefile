@@ -58,9 +58,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# Debian packages the tests run for real: a Redis (the replicas' shared state) and kubectl (renders
-# deploy/'s overlays); installed where missing (as root, or through sudo)
-SYSTEM_TOOLS := redis-server kubectl
+# Debian packages the tests run for real: a Redis (the replicas' shared state), kubectl (renders
+# deploy/'s overlays) and chromium (the console's browser tests); installed where missing (as root,
+# or through sudo)
+SYSTEM_TOOLS := redis-server kubectl chromium
 system:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \

@@ -88,6 +88,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         vision=vision_options(args),
         engine_process=not args.engine_in_process,
         redis_url=REDIS_URL.read(args),
+        bench_results=args.bench_results,
     )
     try:
         fleet = fleet_config(args)
@@ -213,6 +214,19 @@ def add_connection_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_console_options(p: argparse.ArgumentParser) -> None:
+    from gateway.config import GatewayConfig
+
+    p.add_argument(
+        "--bench-results",
+        type=Path,
+        default=GatewayConfig().bench_results,
+        metavar="DIR",
+        help="where `ctxfuse bench` wrote its results: the console (/console) shows the long-context "
+        "benchmark's heatmaps from DIR/longctx (default %(default)s, in the working directory)",
+    )
+
+
 def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     from ctxfuse.batch_cli import add_batch_options
     from ctxfuse.edge_cli import add_edge_listener_options
@@ -221,6 +235,7 @@ def add_serve_parser(sv: argparse.ArgumentParser) -> None:
     from ctxfuse.vision_cli import add_image_options
 
     add_gateway_options(sv)
+    add_console_options(sv)
     add_engine_process_option(sv)
     add_edge_listener_options(sv)
     add_batch_options(sv)

@@ -3,8 +3,8 @@ Litestar routes inside the API-key check, inside request observation.
 
 Observe (request id, log line, http metrics) -> its span, when traces are on (ops/tracing.py) ->
 Authenticate (who calls: a tenant's key, the server's --api-key or an open server; per-key limits)
--> Litestar (the OpenAI routes, the Files and Batch API, /health, /ready, /metrics, and the
-upstream's own routes)
+-> Litestar (the OpenAI routes, the Files and Batch API, /health, /ready, /metrics, the operator's
+console at /console, and the upstream's own routes)
 
 The first app built over a `Gateway` owns its lifecycle: its lifespan starts the upstream (the
 fleet's health checks) and then the batch runner (batch/runner.py), and stops them in reverse. The
@@ -33,6 +33,8 @@ from gateway.batch import routes as batch_routes
 from gateway.batch.executor import upstream_executor
 from gateway.batch.runner import BatchRunner
 from gateway.config import GatewayConfig
+from gateway.console import routes as console
+from gateway.console.usage import SharedUsage
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.openai import responses
 from gateway.openai import routes as openai_routes
@@ -115,15 +117,21 @@ def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
     batches = None if worker else batch_runner(gateway)
     if batches is not None:
         routes += batch_routes.ROUTES
-    if not worker:  # stored per gateway, so not on a worker
-        routes += responses.ROUTES
+    if not worker:  # stored per gateway, so not on a worker; the console is the gateway's operator's
+        routes += responses.ROUTES + console.ROUTES
     app = litestar_app(gateway, routes, batches)
     if not worker:
         app.on_shutdown.append(close_store)
+    if not worker and gateway.redis is not None and gateway.usage is None:
+        gateway.usage = SharedUsage(gateway.redis, gateway.metrics)
+        app.on_startup.append(gateway.usage.start)
+        app.on_shutdown.insert(0, gateway.usage.stop)  # its last flush, before Redis is closed
     document_bodies(app)
     # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and
     # takes the tenant its router names (for the prefix-cache partition)
     keys = None if worker else key_store(gateway)
+    if keys is not None and gateway.keys is None:
+        gateway.keys = keys
     asgi = Authenticate(
         app, api_key=config.api_key, keys=keys, limiter=gateway.limiter, trust_tenant_header=worker
     )

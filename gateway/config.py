@@ -53,6 +53,9 @@ class GatewayConfig:
     # the state several replicas share (limits, keys, batches, chunks); None: this process and its
     # local SQLite files (gateway/shared_state/redis_link.py)
     redis_url: str | None = field(default=None, repr=False)
+    # where `ctxfuse bench` wrote its results (its default, relative to the working directory): the
+    # console shows the long-context benchmark's heatmaps found under longctx/
+    bench_results: Path = Path("bench-results")
 
     @property
     def is_loopback(self) -> bool:

@@ -89,6 +89,8 @@ class GatewayServer(DrainingServer):
             base = GatewayConfig(host=cfg.host, port=port, ssl_certfile=cfg.ssl_certfile).base_url
             name = self.gateway.upstream.model_name or "the fleet"
             print(f"ctxfuse: serving {name} at base_url={base}", flush=True)
+            if self.gateway.keys is not None:  # a gateway or a router, not a worker: it has a console
+                print(f"ctxfuse: console at {base.removesuffix('/v1')}/console", flush=True)
 
 
 def uvicorn_config(app: object, config: GatewayConfig) -> uvicorn.Config:

@@ -19,7 +19,9 @@ from gateway.upstream import Upstream
 from shared.errors import EngineDeadError
 
 if TYPE_CHECKING:
+    from gateway.access.keys import Keys
     from gateway.batch.runner import BatchRunner
+    from gateway.console.usage import SharedUsage
 
 DRAINING = "draining: the server is shutting down"
 
@@ -44,6 +46,10 @@ class Gateway:
         self.redis: RedisLink | None = None if config.redis_url is None else RedisLink(config.redis_url)
         # per-key requests, tokens and in-flight counts (access/auth.py)
         self.limiter: Limiter = RateLimiter() if self.redis is None else RedisLimiter(self.redis)
+        # tenants' keys, as the OpenAI port's app checks them (none on a worker)
+        self.keys: Keys | None = None
+        # tenants' usage added up across replicas for the console (with --redis-url; console/usage.py)
+        self.usage: SharedUsage | None = None
         self.lifecycle_owned = False  # an app's lifespan starts and stops the upstream and the runner
 
     def not_ready_reason(self) -> str | None:

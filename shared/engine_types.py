@@ -5,7 +5,7 @@ process's pipe all speak these; none of them needs torch, the model code or a gr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from shared.errors import ContextLengthExceededError, InvalidRequestError
@@ -200,6 +200,7 @@ class TierStats:
     write_errors: int = 0  # disk writes that failed (full, read-only): logged once per kind
     writes_dropped: int = 0  # disk writes dropped while the writer was behind
     corrupt: int = 0  # damaged files found (deleted, recomputed)
+    dtype: str = ""  # what the tier stores, when colder than the pool's own ("int8", "int4"); "": the pool's
 
 
 def sum_tiers(tiers: list[TierStats]) -> tuple[TierStats, ...]:
@@ -210,7 +211,9 @@ def sum_tiers(tiers: list[TierStats]) -> tuple[TierStats, ...]:
         if o is None:
             out[t.tier] = t
             continue
-        out[t.tier] = TierStats(t.tier, *(getattr(o, f) + getattr(t, f) for f in _TIER_SUMS))
+        dtype = o.dtype if o.dtype == t.dtype else ",".join(sorted({o.dtype or "pool", t.dtype or "pool"}))
+        summed = TierStats(t.tier, *(getattr(o, f) + getattr(t, f) for f in _TIER_SUMS))
+        out[t.tier] = replace(summed, dtype=dtype)
     return tuple(out.values())
 
 
@@ -235,3 +238,4 @@ class EngineStats:
     kv_tiers: tuple[TierStats, ...] = ()  # the KV tiers below the device pool, when configured
     spec_draft_tokens: int = 0  # speculative decoding since start: tokens drafted...
     spec_accepted_tokens: int = 0  # ...and accepted by the model
+    kv_dtype: str = ""  # what the device pool's KV is stored as ("bfloat16", "int8", "fp8", ...)

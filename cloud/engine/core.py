@@ -487,6 +487,7 @@ class EngineCore:
             kv_tiers=() if self.tiers is None else self.tiers.stats(),
             spec_draft_tokens=self.scheduler.num_draft_tokens,
             spec_accepted_tokens=self.scheduler.num_accepted_tokens,
+            kv_dtype=self.kv_plan.kv_dtype,
         )
 
     def next_request_id(self) -> str:

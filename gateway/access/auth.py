@@ -9,8 +9,8 @@ A caller presents `Authorization: Bearer KEY`:
   `default`. As soon as one key exists, a key is required.
 Anything else is 401. Requests over a key's requests-per-minute or in-flight limit are answered 429
 with `Retry-After` before they reach a route; every answer to a limited key carries OpenAI's
-`x-ratelimit-*` headers. Probes and scrapes (/health, /ready, /metrics) and the OpenAPI document
-stay open.
+`x-ratelimit-*` headers. Probes and scrapes (/health, /ready, /metrics), the OpenAPI document and
+the console's page (/console and its static files: no data; its API is the operator's) stay open.
 
 The route reads the caller from `request.state.principal` (and the admission ticket, for the tokens
 per minute it reserves once it knows the prompt's size, from `request.state.ticket`).
@@ -47,8 +47,9 @@ DEVICE_TENANT_PREFIX = "device:"
 # believed only from a caller holding the worker's own key, i.e. its router
 TENANT_HEADER = "x-ctxfuse-tenant"
 LOOKUP_TTL_S = 2.0
-_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-_OPEN_PREFIXES = ("/schema",)
+# the console's page and its static files hold no data (its /console/api/ is the operator's only)
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/console"})
+_OPEN_PREFIXES = ("/schema", "/console/static/")
 
 
 @dataclass(frozen=True, slots=True)

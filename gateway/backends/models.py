@@ -93,6 +93,7 @@ class ModelsUpstream:
             kv_tiers=sum_tiers([t for s in each for t in s.kv_tiers]),
             spec_draft_tokens=sum(s.spec_draft_tokens for s in each),
             spec_accepted_tokens=sum(s.spec_accepted_tokens for s in each),
+            kv_dtype=",".join(sorted({s.kv_dtype for s in each})),
         )
 
     def dead_reason(self) -> str | None:

@@ -67,7 +67,7 @@ class Observe:
             route = scope.get("path_template") or "unmatched"
             self.metrics.http_requests.labels(route=route, status=code).inc()
             principal = scope.get("state", {}).get("principal")  # set by authentication (access/auth.py)
-            if principal is not None:
+            if principal is not None and not route.startswith(_CONSOLE):  # the operator's page: not usage
                 self.metrics.tenant_requests.labels(tenant=principal.tenant, status=code).inc()
             if route not in _QUIET_ROUTES or status >= 400:
                 log.info(
@@ -82,4 +82,7 @@ class Observe:
 
 
 # probes and scrapes would drown the log; they are still counted
-_QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics", "/internal/v1/state", "/internal/v1/blocks"})
+_QUIET_ROUTES = frozenset(
+    {"/health", "/ready", "/metrics", "/internal/v1/state", "/internal/v1/blocks", "/console/api/snapshot"}
+)
+_CONSOLE = "/console"

@@ -327,8 +327,12 @@ async def backends(request: AnyRequest) -> Response[bytes]:
     up = gw.upstream
     if not isinstance(up, FleetUpstream):
         raise ServiceUnavailableError("this gateway routes to no fleet")
-    fleet = up.fleet
-    view = FleetView(
+    return Response(encode(fleet_view(up.fleet)), media_type=JSON)
+
+
+def fleet_view(fleet: Fleet) -> FleetView:
+    """What the router knows of each backend, its canary's versions and weights."""
+    return FleetView(
         policy=fleet.config.policy,
         backends=[
             BackendView(
@@ -349,4 +353,3 @@ async def backends(request: AnyRequest) -> Response[bytes]:
         versions={v: fleet.canary.state(v) for v in fleet.canary.versions},
         weights=fleet.canary.weights,
     )
-    return Response(encode(view), media_type=JSON)

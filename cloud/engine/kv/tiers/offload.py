@@ -223,6 +223,7 @@ class KVTiers:
                     write_errors=0 if disk is None else disk.write_errors,
                     writes_dropped=0 if disk is None else disk.write_dropped,
                     corrupt=0 if disk is None else disk.corrupt,
+                    dtype="" if disk is None or disk.codec is None else f"int{disk.codec.bits}",
                 )
             )
         return tuple(out)

@@ -128,6 +128,9 @@ def test_no_hit_crosses_a_tenant_a_kv_dtype_or_a_rope_scaling(loaded_model, tmp_
         engine = EngineCore(other, loaded_model)
         _, cached = answer(engine, "other", doc, salt="tenant-1")
         assert cached == 0 and tier(engine, "disk").hits == 0
+        # what each stores, as /metrics' readers and the console show it
+        assert engine.stats().kv_dtype == ("int8" if other.kv_dtype == "int8" else "float32")
+        assert tier(engine, "disk").dtype == ("int8" if other.kv_offload_dtype == "int8" else "")
         engine.close()
 
 
