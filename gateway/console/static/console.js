@@ -7,7 +7,7 @@ const HISTORY = 90; // points kept per chart (3 minutes at the refresh interval)
 const KEY_SLOT = "ctxfuse.console.key";
 
 const $ = (sel) => document.querySelector(sel);
-const state = { previous: null, series: {}, tenantSeries: {}, keysLoaded: false, chat: [], models: [] };
+const state = { previous: null, refreshing: false, series: {}, tenantSeries: {}, chat: [], models: [] };
 
 // -- the key and the API ----------------------------------------------------------------------
 
@@ -169,12 +169,16 @@ async function refresh() {
     notice("Sign in with the server's key (--api-key); on a server started without one, leave it empty.");
     return;
   }
+  if (state.refreshing) return; // a slow answer is not asked for again before it comes
+  state.refreshing = true;
   let snap;
   try {
     snap = await api("/console/api/snapshot");
   } catch (e) {
     notice(e.status === 401 || e.status === 403 ? "Sign in with the server's key: " + e.message : e.message);
     return;
+  } finally {
+    state.refreshing = false;
   }
   notice("");
   const then = state.previous;
@@ -343,6 +347,7 @@ async function loadHeatmaps() {
   const none = $("#heatmaps-none");
   none.hidden = listed.heatmaps.length > 0;
   none.textContent = "No heatmaps in " + listed.directory + ": run `ctxfuse bench longctx` (or start the server with --bench-results DIR).";
+  for (const img of document.querySelectorAll("#heatmaps img")) URL.revokeObjectURL(img.src);
   const figures = [];
   for (const name of listed.heatmaps) {
     const resp = await fetch("/console/api/longctx/" + encodeURIComponent(name), { headers: headers() });
