@@ -85,9 +85,7 @@ def _engine(gw: Gateway) -> dict[str, Any] | None:
     stats = gw.upstream.stats()
     if stats is None:
         return None
-    view = asdict(stats)
-    view["kv_tiers"] = [asdict(t) for t in stats.kv_tiers]
-    return view
+    return asdict(stats)  # its tiers too
 
 
 def _fleet(gw: Gateway) -> dict[str, Any] | None:
@@ -106,24 +104,19 @@ def _fleet(gw: Gateway) -> dict[str, Any] | None:
 
 
 def snapshot(gw: Gateway) -> dict[str, Any]:
+    fleet = _fleet(gw)
     return {
         "time": time.time(),
         "server": {
-            "role": "router" if _fleet_upstream(gw) else "gateway",
+            "role": "gateway" if fleet is None else "router",
             "started": gw.created,
             "not_ready": gw.not_ready_reason(),
             "keys_managed": gw.config.api_key is not None and gw.keys is not None,
         },
         "engine": _engine(gw),
-        "fleet": _fleet(gw),
+        "fleet": fleet,
         "metrics": metric_samples(gw),
     }
-
-
-def _fleet_upstream(gw: Gateway) -> bool:
-    from gateway.backends.fleet.upstream import FleetUpstream
-
-    return isinstance(gw.upstream, FleetUpstream)
 
 
 def _key_view(k: ApiKey) -> dict[str, Any]:

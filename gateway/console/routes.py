@@ -19,10 +19,9 @@ from gateway.console import api
 from shared.errors import NotFoundError
 
 _STATIC = files("gateway.console") / "static"
-_TYPES = {
-    "console.js": "text/javascript; charset=utf-8",
-    "console.css": "text/css; charset=utf-8",
-}
+_JS = "text/javascript; charset=utf-8"
+_MODULES = ("console", "util", "charts", "views", "keys", "playground")
+_TYPES = {**{f"{m}.js": _JS for m in _MODULES}, "console.css": "text/css; charset=utf-8"}
 # the page loads nothing from elsewhere and runs no inline script
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "

@@ -41,7 +41,7 @@ def test_the_page_is_open_and_loads_only_its_own_files(gateway: Running) -> None
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     csp = page.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
-    assert '<script src="/console/static/console.js"' in page.text
+    assert '<script type="module" src="/console/static/console.js"' in page.text
     script = httpx.get(f"{gateway.url}/console/static/console.js")
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
     assert httpx.get(f"{gateway.url}/console/static/console.css").status_code == 200
