@@ -48,7 +48,7 @@ DEVICE_TENANT_PREFIX = "device:"
 TENANT_HEADER = "x-ctxfuse-tenant"
 LOOKUP_TTL_S = 2.0
 # the console's page and its static files hold no data (its /console/api/ is the operator's only)
-_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/console"})
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/console", "/console/"})
 _OPEN_PREFIXES = ("/schema", "/console/static/")
 
 

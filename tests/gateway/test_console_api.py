@@ -39,6 +39,7 @@ def _as(key: str) -> dict[str, str]:
 def test_the_page_is_open_and_loads_only_its_own_files(gateway: Running) -> None:
     page = httpx.get(f"{gateway.url}/console")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert httpx.get(f"{gateway.url}/console/").text == page.text
     csp = page.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert '<script type="module" src="/console/static/console.js"' in page.text
