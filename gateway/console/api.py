@@ -47,7 +47,7 @@ OPEN_SERVER = (
     "made here would lock every client out. Restart it with --api-key, or use `ctxfuse keys create`"
 )
 # histograms are sent as their sum and count only: the page charts means over its own intervals
-_SUFFIXES = ("_total", "_sum", "_count")
+_HISTOGRAM_KEPT = ("_sum", "_count")
 _TENANT_SAMPLES = ("ctxfuse_tenant_requests_total", "ctxfuse_tenant_tokens_total")
 _HEATMAP = re.compile(r"heatmap-[A-Za-z0-9._-]+\.png")  # what `ctxfuse bench longctx` writes
 
@@ -73,7 +73,7 @@ def metric_samples(gw: Gateway) -> dict[str, list[tuple[dict[str, str], float]]]
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in gw.metrics.registry.collect():
         for sample in family.samples:
-            if family.type == "histogram" and not sample.name.endswith(_SUFFIXES[1:]):
+            if family.type == "histogram" and not sample.name.endswith(_HISTOGRAM_KEPT):
                 continue
             if sample.name.endswith("_created"):
                 continue

@@ -1,14 +1,9 @@
 // Tenants' keys: list, make (the secret shown once), revoke.
-import { $, api, el, fill, fmt, notice, when } from "./util.js";
+import { $, api, el, fetched, fill, fmt, notice, when } from "./util.js";
 
 export async function loadKeys() {
-  let listed;
-  try {
-    listed = await api("/console/api/keys");
-  } catch (e) {
-    notice(e.message);
-    return;
-  }
+  const listed = await fetched("/console/api/keys");
+  if (!listed) return;
   const now = Date.now() / 1000;
   fill(
     $("#keys tbody"),

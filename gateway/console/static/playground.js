@@ -1,15 +1,11 @@
 // The playground: a streamed chat over the public OpenAI API, with a structured answer's field
 // confidences, tools and the prompt's cached tokens.
-import { $, el, fmt, headers, notice, state, api } from "./util.js";
+import { $, el, fetched, fmt, headers, notice, state } from "./util.js";
 
 export async function loadModels() {
-  try {
-    const listed = await api("/v1/models");
-    state.models = listed.data.map((m) => m.id);
-  } catch (e) {
-    notice(e.message);
-    return;
-  }
+  const listed = await fetched("/v1/models");
+  if (!listed) return;
+  state.models = listed.data.map((m) => m.id);
   $("#model").replaceChildren(...state.models.map((id) => el("option", { value: id }, id)));
 }
 

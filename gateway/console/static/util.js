@@ -44,6 +44,16 @@ export async function api(path, options) {
   return body;
 }
 
+// a GET whose failure is shown in the notice: its body, or null
+export async function fetched(path) {
+  try {
+    return await api(path);
+  } catch (e) {
+    notice(e.message);
+    return null;
+  }
+}
+
 export function notice(message) {
   const n = $("#notice");
   n.textContent = message || "";

@@ -1,5 +1,5 @@
 // The snapshot and the views drawn from it: the server line, the fleet, the engine, usage by tenant.
-import { $, api, el, fill, fmt, bytes, headers, notice, signedIn, state, total } from "./util.js";
+import { $, api, el, fetched, fill, fmt, bytes, headers, notice, signedIn, state, total } from "./util.js";
 import { draw, meanOver, push, rateOver } from "./charts.js";
 
 export async function refresh() {
@@ -177,13 +177,8 @@ export function renderUsage(snap, then) {
 
 // the long-context benchmark's heatmaps: fetched with the key (an <img> cannot send it), shown as blobs
 export async function loadHeatmaps() {
-  let listed;
-  try {
-    listed = await api("/console/api/longctx");
-  } catch (e) {
-    notice(e.message);
-    return;
-  }
+  const listed = await fetched("/console/api/longctx");
+  if (!listed) return;
   const none = $("#heatmaps-none");
   none.hidden = listed.heatmaps.length > 0;
   none.textContent = "No heatmaps in " + listed.directory + ": run `ctxfuse bench longctx` (or start the server with --bench-results DIR).";
