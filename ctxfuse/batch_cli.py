@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ctxfuse.cli_values import non_negative_int, positive_float, positive_int
+from ctxfuse.cli_values import non_negative_float, non_negative_int, positive_float, positive_int
 
 
 def add_batch_options(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,15 @@ def add_batch_options(p: argparse.ArgumentParser) -> None:
         help="with --redis-url: a batch runs on one replica at a time, which renews its lease every third "
         "of this; a replica that dies (or loses Redis) has its batches taken over by another this long "
         f"after its last renewal (default {d.batch_lease_s:g})",
+    )
+    g.add_argument(
+        "--min-free-mib",
+        type=non_negative_float,
+        default=d.min_free_mib,
+        metavar="MIB",
+        help="an upload that would leave less free space than this on the data dir's disk is refused "
+        "with 507 insufficient_storage, so batches can still write their results and keys and stored "
+        f"responses be made (default {d.min_free_mib:g}; 0: no floor)",
     )
     g.add_argument(
         "--file-ttl-days",

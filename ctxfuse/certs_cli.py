@@ -1,5 +1,7 @@
 """`ctxfuse certs`: the edge listener's certificate authority (shared/certs.py holds the layout).
-Prints the paths it wrote, never key contents."""
+Prints the paths it wrote, never key contents. A disk that refuses a write, or a damaged file, ends
+the command with one line naming the file or directory and the fix (ctxfuse.cli.main), nothing
+changed."""
 
 from __future__ import annotations
 
@@ -53,6 +55,12 @@ def add_certs_parser(p: argparse.ArgumentParser) -> None:
     revoke.add_argument("name", help="the device name")
     revoke.set_defaults(func=_cmd_revoke)
 
+    crl = cmd.add_parser(
+        "crl", help="publish crl.pem again from index.json (the fix for a damaged crl.pem; needs ca.key)"
+    )
+    _dir(crl)
+    crl.set_defaults(func=_cmd_crl)
+
     ls = cmd.add_parser("list", help="issued devices: serial, tenant, expiry, revoked or not")
     _dir(ls)
     ls.set_defaults(func=_cmd_list)
@@ -98,6 +106,12 @@ def _cmd_issue(args: argparse.Namespace) -> int:
 def _cmd_revoke(args: argparse.Namespace) -> int:
     record = certs.revoke_device(args.dir, args.name)
     print(f"revoked {record.name} (serial {record.serial}); wrote {certs.TLSDir(args.dir).crl}")
+    return 0
+
+
+def _cmd_crl(args: argparse.Namespace) -> int:
+    path = certs.rebuild_crl(args.dir)
+    print(f"revocation list: {path} (rebuilt from {certs.TLSDir(args.dir).index.name})")
     return 0
 
 

@@ -378,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from shared.errors import CtxfuseError
 
-        if isinstance(exc, CtxfuseError):
-            print(f"ctxfuse: {exc.message}", file=sys.stderr)
+        if isinstance(exc, CtxfuseError):  # one line, no traceback (a StorageFault's names the file)
+            print(f"ctxfuse: {getattr(exc, 'operator_message', exc.message)}", file=sys.stderr)
             return 2
         raise

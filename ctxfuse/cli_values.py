@@ -41,6 +41,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """An amount of 0 or more (MiB), finite."""
+    value = _finite(text, "a number, e.g. 64 or 0.5")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def duration_s(text: str) -> float:
     """Seconds from `90d`, `12h`, `30m`, `45s` or a bare number of seconds; above 0."""
     unit = text[-1:].lower()

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ctxfuse.cli_values import SecretOption
+from ctxfuse.cli_values import SecretOption, non_negative_float
 
 # what apps on the device must send the agent; ctxfuse/cli_values.py imports no cloud side
 AGENT_KEY = SecretOption("--api-key", env="CTXFUSE_EDGE_API_KEY")
@@ -69,6 +69,7 @@ def _cmd_edge(args: argparse.Namespace) -> int:
         chunk_threshold=args.chunk_threshold,
         outbox_max_bytes=int(args.outbox_max_mib * 2**20),
         outbox_full_policy=args.outbox_full_policy,
+        outbox_min_free_bytes=int(args.outbox_min_free_mib * 2**20),
         retry_cap_s=args.retry_cap_s,
         vision=vision_options(args),
         api_key=AGENT_KEY.read(args),
@@ -119,6 +120,14 @@ def add_edge_parser(p: argparse.ArgumentParser) -> None:
         default=d.outbox_full_policy,
         help=f"when the outbox is full: refuse new files (429) or drop the oldest batches"
         f" (default {d.outbox_full_policy})",
+    )
+    p.add_argument(
+        "--outbox-min-free-mib",
+        type=non_negative_float,
+        default=d.outbox_min_free_bytes / 2**20,
+        help="free space an app's upload may not take from the state dir's disk: an upload that would"
+        " leave less gets a 507 (insufficient_storage), so batches already accepted can still be"
+        f" forwarded and their results stored (default {d.outbox_min_free_bytes / 2**20:g})",
     )
     p.add_argument(
         "--retry-cap-s",

@@ -85,11 +85,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_running_batches=args.max_running_batches,
         batch_lease_s=args.batch_lease,
         file_ttl_days=args.file_ttl_days,
+        min_free_mib=args.min_free_mib,
         vision=vision_options(args),
         engine_process=not args.engine_in_process,
         redis_url=REDIS_URL.read(args),
         bench_results=args.bench_results,
     )
+    from gateway.ops.preflight import check_data_dir
+
+    check_data_dir(gateway)  # a read-only or damaged data dir: one line, before the model loads
     try:
         fleet = fleet_config(args)
     except ValueError as exc:

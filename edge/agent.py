@@ -11,7 +11,9 @@ builds them where the cloud extra is installed; a device may be given a copy). W
 still serves: image parts travel as sent and the gateway turns them into features.
 
 Metrics at /metrics: ctxfuse_edge_request_bytes_total (request bytes received from apps) and
-ctxfuse_edge_upload_bytes_total (bytes sent to the gateway, after dedup and compression).
+ctxfuse_edge_upload_bytes_total (bytes sent to the gateway, after dedup and compression), and
+ctxfuse_storage_errors_total{store, kind} (writes and reads the state dir's disk refused: the outbox's
+answer apps a 507 or 503; the acknowledged-chunk set's are ignored, as it is only a hint).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from shared.disconnect import WatchedStream
 from shared.errors import InvalidRequestError, ModelLoadError
 from shared.forwarded_path import UnsafePathError, forwarded_path
+from shared.storage_faults import FaultCollector, StorageFault, check_writable
 from shared.tls import client_context
 
 from . import batch_routes
@@ -56,14 +59,24 @@ class Agent:
     """The agent's state: its uplink, its batch outbox and forwarder, and its counters."""
 
     def __init__(self, config: EdgeConfig) -> None:
+        """Raises a StorageFault (one line from `ctxfuse edge`) when the state dir cannot be written
+        or the outbox is damaged; the outbox first, as it takes the state dir's lock."""
         self.config = config
-        self.acked = AckedChunks(config.state / "acked.sqlite", config.max_acked_chunks)
-        tls = client_context(config.tls_dir, config.name)
+        check_writable(config.state, "data_dir")  # before anything is opened there
+        self.outbox = Outbox(
+            config.state / "outbox.sqlite",
+            config.outbox_max_bytes,
+            config.outbox_full_policy,
+            min_free_bytes=config.outbox_min_free_bytes,
+        )
+        try:
+            self.acked = AckedChunks(config.state / "acked.sqlite", config.max_acked_chunks)
+            tls = client_context(config.tls_dir, config.name)
+        except BaseException:
+            self.outbox.close()
+            raise
         self.uplink = Uplink(
             config.gateway_url, tls, self.acked, config.chunk_threshold, config.connect_timeout_s
-        )
-        self.outbox = Outbox(
-            config.state / "outbox.sqlite", config.outbox_max_bytes, config.outbox_full_policy
         )
         self.forwarder = Forwarder(self.outbox, self.uplink, config)
         self.images: ImagePipeline | None = None  # loaded at start (the encoder takes a moment)
@@ -79,6 +92,7 @@ class Agent:
         self.images_done = Counter(
             "ctxfuse_edge_images", "Images replaced by their features on the device", registry=self.registry
         )
+        self.registry.register(FaultCollector())  # ctxfuse_storage_errors_total{store, kind}
 
     async def start(self) -> None:
         self.forwarder.start()  # batches accepted before a restart go on from their last state
@@ -202,6 +216,7 @@ def create_agent_app(agent: Agent) -> ASGIApp:
     app = Litestar(
         route_handlers=[chat_completions, completions, models, metrics, health, *batch_routes.ROUTES],
         state=State({"agent": agent}),
+        exception_handlers={StorageFault: batch_routes.storage_refused},  # 507 or 503, never a 500
         on_startup=[agent.start],
         on_shutdown=[agent.close],
         request_max_body_size=agent.config.max_body_bytes,

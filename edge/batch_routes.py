@@ -10,6 +10,11 @@ Cancel follows OpenAI: a batch the gateway does not have yet is cancelled here a
 reads "cancelling" until the forwarder has told the gateway and fetched its outcome ("cancelled").
 Lists page newest first with `limit` and an `after` cursor, as the gateway's do.
 
+What the outbox's disk refuses (shared/storage_faults.py) is answered by `storage_refused`, the agent
+app's handler for StorageFault: a 507 `insufficient_storage` when it is full (an upload under the
+free-space floor too), a 503 when it is read-only, damaged or failing, with Retry-After; nothing was
+stored, and what was stored before is kept.
+
 Files expire as on the gateway, under the same rules (shared/file_expiry.py): `expires_after` on an
 upload, `output_expires_after` on a batch for its result files. An expired file is gone here (404, out
 of lists); the forwarder uploads an input with the lifetime it has left (forwarder.gateway_ttl).
@@ -29,6 +34,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from shared.batch_protocol import BATCH_ENDPOINTS, BatchCreateRequest, FileDeleted, batch_list, file_list
 from shared.errors import InvalidRequestError
 from shared.file_expiry import check_output_expiry, upload_expiry
+from shared.storage_faults import StorageFault
 
 from .errors import JSON, error_response
 from .outbox_values import FileInUse, KeyReused, NotCancellable, OutboxFull
@@ -69,6 +75,16 @@ def _invalid(exc: InvalidRequestError) -> Response[bytes]:
 
 def _not_found(what: str, ident: str) -> Response[bytes]:
     return error_response(404, f"no {what} with id {ident!r}", f"{what}_not_found")
+
+
+def storage_refused(request: AnyRequest, exc: Exception) -> Response[bytes]:
+    """The agent app's answer to a StorageFault (the outbox's disk refused): its status, code and
+    client message (the store named, no path), with Retry-After."""
+    if not isinstance(exc, StorageFault):  # (registered for StorageFault only)
+        raise exc
+    return error_response(
+        exc.status, exc.message, exc.code or "storage_failing", {"Retry-After": str(int(exc.retry_after_s))}
+    )
 
 
 @post("/v1/files", status_code=200, request_max_body_size=MAX_FILE_BYTES + _FORM_OVERHEAD)

@@ -31,6 +31,9 @@ class EdgeConfig:
     retry_after_s: int = 5  # told to apps when the gateway cannot be reached
     outbox_max_bytes: int = 1 << 30  # batch files held in the outbox (inputs and fetched results)
     outbox_full_policy: FullPolicy = "refuse"  # when full: refuse new files, or drop the oldest batches
+    # free space an app's upload may not take from the state dir's filesystem (a 507 instead), kept for
+    # what must still be written there: the forwarder's state changes and the results it fetches
+    outbox_min_free_bytes: int = 64 << 20
     retry_base_s: float = 1.0  # first wait after a link failure; doubles per failure (full jitter)
     retry_cap_s: float = 300.0  # the longest wait between attempts to reach the gateway
     poll_s: float = 2.0  # first wait between looks at a forwarded batch; doubles up to poll_max_s

@@ -11,6 +11,13 @@ Uploads and creates carry the Idempotency-Key stored at acceptance, so a step re
 or a lost answer returns the gateway's first object. When the link fails (unreachable, 5xx, 429) the
 forwarder waits with exponential backoff and full jitter, capped (retry_cap_s); a forwarded batch
 is looked at again after poll_s, doubling up to poll_max_s while it runs.
+
+A step whose write the disk refuses (a StorageFault: full, read-only, failing; counted and logged
+where it is raised) leaves that batch where it was, as a dead link would: the other batches still take
+their steps in the same pass, then the forwarder backs off as for a dead link and repeats the step
+(the gateway's side again, under the same Idempotency-Key, which makes it harmless). So queued
+uploads and creates reach the gateway while the disk is full, and results fetched then are stored
+once there is room again, without a restart.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import structlog
 
 from shared.batch_protocol import Batch, FileObject
 from shared.file_expiry import EXPIRES_MIN_S
+from shared.storage_faults import StorageFault
 
 from .config import EdgeConfig
 from .outbox import Outbox
@@ -96,10 +104,15 @@ class Forwarder:
             self._wake.clear()
             try:
                 in_flight = await self._pass()
-            except LinkDown as exc:
+            except (LinkDown, StorageFault) as exc:  # the step is repeated after the wait
                 delay = backoff_delay(failures, cfg.retry_base_s, cfg.retry_cap_s, self._rng)
                 failures += 1
-                log.info("outbox_link_down", reason=str(exc), retry_in_s=round(delay, 3))
+                if isinstance(exc, StorageFault):
+                    log.info(
+                        "outbox_waits_for_disk", store=exc.store, kind=exc.kind, retry_in_s=round(delay, 3)
+                    )
+                else:
+                    log.info("outbox_link_down", reason=str(exc), retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
                 continue
             except Exception:
@@ -119,11 +132,18 @@ class Forwarder:
                 poll = min(poll * 2, cfg.poll_max_s)
 
     async def _pass(self) -> bool:
-        """One step for every pending batch, oldest first; whether any is still pending after."""
+        """One step for every pending batch, oldest first; whether any is still pending after. A batch
+        whose step the disk refused waits; the others go on, and the fault is raised after them."""
         pending = await asyncio.to_thread(self.outbox.pending)
-        left = False
+        left, refused = False, None
         for p in pending:
-            left = not await self._advance(p) or left
+            try:
+                done = await self._advance(p)
+            except StorageFault as fault:
+                done, refused = False, fault
+            left = not done or left
+        if refused is not None:
+            raise refused
         return left
 
     async def _advance(self, p: Pending) -> bool:

@@ -33,14 +33,20 @@ Files expire as on the gateway (gateway/batch/files.py): an upload's `expires_af
 second `clock` reaches `expires_at` the file is gone: every call that reads or writes files first
 deletes the expired ones (_sweep), so no read can see one, its space is free again, and a batch that
 still needed it to reach the gateway fails there as `invalid_file`, as the gateway's would.
+
+A write the disk refuses raises the outbox's StorageFault (shared/storage_faults.py), rolled back:
+the next works once there is room. An upload that would leave under `min_free_bytes` free is refused
+first (that room is the forwarder's: its steps, the results it fetches). A damaged database: refused.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,19 +55,11 @@ import msgspec
 from shared.batch_protocol import Batch, BatchCreateRequest, BatchError, BatchErrors, ExpiresAfter, FileObject
 from shared.dir_lock import DirInUse, HeldBy, lock_dir
 from shared.sql_page import newest_first
-from shared.sqlite_store import ensure_columns, open_db
+from shared.sqlite_store import transaction
+from shared.storage_faults import require_room
 
 from .config import FullPolicy
-from .outbox_tables import (
-    ADDED_COLUMNS,
-    SCHEMA,
-    Transaction,
-    drop_oldest,
-    new_id,
-    read_batch,
-    read_file,
-    used_bytes,
-)
+from .outbox_tables import drop_oldest, new_id, open_outbox, read_batch, read_file, used_bytes
 from .outbox_values import (
     KEY_REUSED,
     Fetched,
@@ -78,22 +76,30 @@ T = TypeVar("T")
 
 class Outbox:
     def __init__(
-        self, path: Path, max_bytes: int, policy: FullPolicy, clock: Callable[[], float] = time.time
+        self,
+        path: Path,
+        max_bytes: int,
+        policy: FullPolicy,
+        clock: Callable[[], float] = time.time,
+        min_free_bytes: int = 0,
     ) -> None:
-        """`clock`: seconds since the epoch, stamping what is made and deciding what has expired."""
+        """`clock`: seconds since the epoch, stamping what is made and deciding what has expired;
+        `min_free_bytes`: the free space on its disk an upload may not take (a "full" StorageFault)."""
         lock = lock_dir(path.parent, "ctxfuse edge outbox")  # two agents would forward twice
         if isinstance(lock, HeldBy):
             raise DirInUse(lock, "agent state dir (--state-dir)")
         self._dir_lock = lock
-        self._db = open_db(path, durable=True)  # an accepted batch survives power loss too
-        self._db.executescript(SCHEMA)
-        for table, columns in ADDED_COLUMNS.items():  # an outbox written by an older agent
-            ensure_columns(self._db, table, columns)
-        self._db.execute("CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)")
+        try:
+            self._db = open_outbox(path)
+        except BaseException:  # (damaged, unwritable: the dir is not held by an outbox never opened)
+            lock.release()
+            raise
+        self.path = path
         self.clock = clock
         self._lock = threading.Lock()
         self.max_bytes = max_bytes
         self.policy = policy
+        self.min_free_bytes = min_free_bytes
 
     # -- what apps do -----------------------------------------------------------------------------
 
@@ -114,6 +120,7 @@ class Outbox:
                 found = row.fetchone()
                 if found is not None:
                     return self._known(self._file(found[0])) if bytes(found[1]) == digest else KEY_REUSED
+            require_room("outbox", self.path, len(content), self.min_free_bytes)  # (not for a replay)
             full = self._make_room(len(content))
             if full is not None:
                 return full
@@ -318,8 +325,8 @@ class Outbox:
 
     # -- inside the lock ----------------------------------------------------------------------------
 
-    def _tx(self) -> Transaction:
-        return Transaction(self._db)
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db)
 
     def _now(self) -> int:
         return int(self.clock())

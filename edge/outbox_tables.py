@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from pathlib import Path
 
 import msgspec
 
 from shared.batch_protocol import Batch, BatchCreateRequest, FileObject
+from shared.sqlite_store import GuardedConnection, ensure_columns, open_db
 
 from .outbox_values import TERMINAL
 
@@ -132,14 +134,15 @@ def read_batch(db: sqlite3.Connection, batch_id: str) -> Batch | None:
     )
 
 
-class Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on an exception (the connection runs in autocommit)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+def open_outbox(path: Path) -> GuardedConnection:
+    """The outbox's database, its tables made or brought up to date (StorageFault: damaged, unwritable)."""
+    db = open_db(path, durable=True, store="outbox")  # an accepted batch survives power loss too
+    try:
+        db.executescript(SCHEMA)
+        for table, columns in ADDED_COLUMNS.items():  # an outbox written by an older agent
+            ensure_columns(db, table, columns)
+        db.execute("CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)")
+    except BaseException:
+        db.close()
+        raise
+    return db

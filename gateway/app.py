@@ -60,6 +60,7 @@ def batch_runner(gateway: Gateway) -> BatchRunner:
             file_ttl_s=config.file_ttl_s,
             redis=gateway.redis,  # replicas share files, batches and keys; each batch is leased
             lease_s=config.batch_lease_s,
+            min_free_bytes=int(config.min_free_mib * 2**20),
         )
     return gateway.batches
 
@@ -130,8 +131,10 @@ def create_app(gateway: Gateway, *, worker: bool = False) -> ASGIApp:
     # tenants' keys (`ctxfuse keys`) on the gateway; a worker answers only its router's key, and
     # takes the tenant its router names (for the prefix-cache partition)
     keys = None if worker else key_store(gateway)
-    if keys is not None and gateway.keys is None:
-        gateway.keys = keys
+    if keys is not None:
+        app.on_shutdown.append(keys.close)  # (its SQLite file is not held open past the app's life)
+        if gateway.keys is None:
+            gateway.keys = keys
     asgi = Authenticate(
         app, api_key=config.api_key, keys=keys, limiter=gateway.limiter, trust_tenant_header=worker
     )

@@ -42,6 +42,9 @@ class GatewayConfig:
     max_running_batches: int = 4  # batches run side by side; one that keeps failing holds one slot, not all
     # lifetime of a Batch API file made without `expires_after` (0: until deleted, as OpenAI keeps them)
     file_ttl_days: int = 0
+    # an upload is refused (507) when it would leave less than this free on the data dir's disk: the
+    # room kept lets batches write their results, keys be made and responses stored (0: no floor)
+    min_free_mib: float = 64.0
     vision: VisionOptions = field(
         default_factory=VisionOptions
     )  # image caps and the hosts image URLs may be fetched from

@@ -84,8 +84,9 @@ class IdempotencyKeyReusedError(CtxfuseError):
 
 def error_response(exc: CtxfuseError) -> Response[bytes]:
     headers: dict[str, str] = {}
-    if isinstance(exc, QueueFullError):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    retry_after_s = getattr(exc, "retry_after_s", None)  # a full queue or disk: when to come back
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return Response(
         encode(exc.to_openai()), status_code=exc.status, media_type="application/json", headers=headers
     )

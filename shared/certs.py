@@ -2,18 +2,7 @@
 certificate, one certificate per device and a revocation list. `ctxfuse certs` drives it;
 `shared.tls` reads what it writes.
 
-One layout per TLS directory (`TLSDir` owns the paths):
-
-    DIR/ca.pem              CA certificate; the gateway and every device trust it
-    DIR/ca.key              CA private key (0600); only `ctxfuse certs` needs it, keep it off the gateway host
-    DIR/crl.pem             revocation list signed by the CA; written by `init`, rewritten on each revoke
-    DIR/server.pem          the gateway's certificate (serverAuth; DNS names and IP addresses as SANs)
-    DIR/server.key          its key (0600)
-    DIR/devices/NAME.pem    a device certificate (clientAuth; CN = NAME, SAN URI urn:ctxfuse:device:NAME,
-                            and urn:ctxfuse:tenant:TENANT for a device issued with a tenant)
-    DIR/devices/NAME.key    its key (0600)
-    DIR/index.json          issued devices and every revoked serial, the CRL number and time
-
+The layout of a TLS directory, and how its files are read and checked, is shared/ca_files.py's.
 A device gets ca.pem and its own devices/NAME.{pem,key}; the gateway gets ca.pem, server.{pem,key}
 and crl.pem. Keys are EC P-256, unencrypted PKCS#8 PEM, created with mode 0600 so that they are never
 readable by others, not even for an instant.
@@ -23,6 +12,12 @@ directory), so a gateway reloading crl.pem never reads half a file and a finishe
 power loss. index.json is the source of truth and is written first; crl.pem is rebuilt from it. A crash
 between the two leaves a CRL older than the index (never one that forgets a revocation the index
 holds), and the next revoke or issue publishes a CRL from the index again (`_sync_crl`).
+
+Faults: each command writes its files together (`ca_files.write_files`): all are written aside before
+the first is published, so a full or read-only disk refuses the command with nothing changed, and the
+same command works once there is room. A damaged file is refused where it is read, never replaced
+(`certs init` over a directory holding any CA file refuses too); `ctxfuse certs crl` rebuilds a
+damaged crl.pem from the index.
 """
 
 from __future__ import annotations
@@ -42,9 +37,55 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared.durable_file import write_atomic
-from shared.errors import CtxfuseError
+from shared.ca_files import (
+    CANotFoundError,
+    CertsError,
+    DamagedCAFile,
+    DeviceRecord,
+    Index,
+    InvalidNameError,
+    RevokedSerial,
+    TLSDir,
+    check_device_name,
+    check_index_covers,
+    key_file,
+    load_ca,
+    public_file,
+    read_crl,
+    read_index,
+    write_files,
+)
+from shared.durable_file import NewFile
 from shared.tenant_name import TENANT_RULE, is_tenant_name
+
+# names other modules import from here (the layout and its errors live in shared.ca_files)
+__all__ = [
+    "CA_DAYS",
+    "DEVICE_DAYS",
+    "DEVICE_URI_PREFIX",
+    "LOOPBACK_HOSTS",
+    "SERVER_DAYS",
+    "TENANT_URI_PREFIX",
+    "AlreadyExistsError",
+    "CANotFoundError",
+    "CertsError",
+    "DamagedCAFile",
+    "DeviceRecord",
+    "Index",
+    "InvalidNameError",
+    "Issued",
+    "RevokedSerial",
+    "TLSDir",
+    "UnknownDeviceError",
+    "check_device_name",
+    "check_tenant_name",
+    "init_ca",
+    "issue_device",
+    "issue_server",
+    "list_devices",
+    "rebuild_crl",
+    "revoke_device",
+]
 
 CA_DAYS = 3650
 SERVER_DAYS = 730
@@ -55,90 +96,17 @@ DEVICE_URI_PREFIX = "urn:ctxfuse:device:"
 # a device without one is a tenant of its own
 TENANT_URI_PREFIX = "urn:ctxfuse:tenant:"
 
-# a device name becomes a file name and a CN (at most 64 characters): no separators, no leading dot
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DNS_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 # allowed clock skew between the issuing machine and the peers
 _BACKDATE = dt.timedelta(minutes=5)
-
-
-class CertsError(CtxfuseError):
-    """A certificate operation could not be done; the message says what to do instead."""
-
-
-class CANotFoundError(CertsError):
-    pass
 
 
 class UnknownDeviceError(CertsError):
     pass
 
 
-class InvalidNameError(CertsError):
-    pass
-
-
 class AlreadyExistsError(CertsError):
     pass
-
-
-class DeviceRecord(msgspec.Struct):
-    name: str
-    serial: str  # hex
-    not_after: dt.datetime
-    revoked_at: dt.datetime | None = None
-    tenant: str | None = None  # None: the device is a tenant of its own
-
-
-class RevokedSerial(msgspec.Struct):
-    serial: str  # hex
-    name: str
-    revoked_at: dt.datetime
-
-
-class Index(msgspec.Struct):
-    """index.json. `revoked` keeps every revoked serial (the CRL is rebuilt from it), also after a
-    name is issued again; `devices` holds each name's latest certificate."""
-
-    crl_number: int = 0
-    crl_last_update: dt.datetime | None = None
-    devices: dict[str, DeviceRecord] = msgspec.field(default_factory=dict)
-    revoked: list[RevokedSerial] = msgspec.field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class TLSDir:
-    root: Path
-
-    @property
-    def ca_cert(self) -> Path:
-        return self.root / "ca.pem"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.root / "ca.key"
-
-    @property
-    def crl(self) -> Path:
-        return self.root / "crl.pem"
-
-    @property
-    def server_cert(self) -> Path:
-        return self.root / "server.pem"
-
-    @property
-    def server_key(self) -> Path:
-        return self.root / "server.key"
-
-    @property
-    def index(self) -> Path:
-        return self.root / "index.json"
-
-    def device_cert(self, name: str) -> Path:
-        return self.root / "devices" / f"{check_device_name(name)}.pem"
-
-    def device_key(self, name: str) -> Path:
-        return self.root / "devices" / f"{check_device_name(name)}.key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +117,6 @@ class Issued:
     not_after: dt.datetime
 
 
-def check_device_name(name: str) -> str:
-    if not _NAME_RE.fullmatch(name):
-        raise InvalidNameError(
-            f"device name {name!r} is not a safe file name: 1-64 characters of A-Z a-z 0-9 . _ -, "
-            "starting with a letter or digit"
-        )
-    return name
-
-
 def check_tenant_name(tenant: str) -> str:
     if not is_tenant_name(tenant):
         raise InvalidNameError(f"tenant {tenant!r} must be {TENANT_RULE}")
@@ -165,11 +124,12 @@ def check_tenant_name(tenant: str) -> str:
 
 
 def init_ca(root: Path, *, days: int = CA_DAYS) -> Issued:
-    """Create the CA and an empty CRL in `root`; refuses to replace an existing CA."""
+    """Create the CA and an empty CRL in `root`; refuses to replace an existing CA, whole or not (a
+    damaged one is restored from a backup, never replaced by a new CA and an empty index)."""
     d = TLSDir(Path(root))
-    if d.ca_cert.exists() or d.ca_key.exists():
-        raise AlreadyExistsError(f"{d.root} already holds a CA ({d.ca_cert.name}); not replacing it")
-    d.root.mkdir(parents=True, exist_ok=True)
+    held = [p.name for p in (d.ca_cert, d.ca_key, d.index) if p.exists()]
+    if held:
+        raise AlreadyExistsError(f"{d.root} already holds a CA ({', '.join(held)}); not replacing it")
     key = ec.generate_private_key(ec.SECP256R1())
     # a per-CA suffix keeps two deployments' CAs apart by name, so no chain or CRL lookup mixes them
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"ctxfuse edge CA {secrets.token_hex(4)}")])
@@ -184,9 +144,8 @@ def init_ca(root: Path, *, days: int = CA_DAYS) -> Issued:
         .add_extension(ski, critical=False)
     )
     cert = builder.sign(key, hashes.SHA256())
-    _write_key(d.ca_key, key)
-    _write_public(d.ca_cert, cert.public_bytes(serialization.Encoding.PEM))
-    _publish_crl(d, cert, key, Index())
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    _publish_crl(d, cert, key, Index(), before=[key_file(d.ca_key, key), public_file(d.ca_cert, pem)])
     return Issued(d.ca_cert, d.ca_key, cert.serial_number, cert.not_valid_after_utc)
 
 
@@ -195,12 +154,12 @@ def issue_server(root: Path, hosts: Sequence[str] = LOOPBACK_HOSTS, *, days: int
     if not hosts:
         raise InvalidNameError("a server certificate needs at least one host name or address")
     d = TLSDir(Path(root))
-    ca_cert, ca_key = _load_ca(d)
+    ca_cert, ca_key = load_ca(d)
     sans = [_general_name(h) for h in dict.fromkeys(hosts)]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ctxfuse gateway")])
     key, cert = _issue_leaf(ca_cert, ca_key, subject, sans, ExtendedKeyUsageOID.SERVER_AUTH, days)
-    _write_key(d.server_key, key)
-    _write_public(d.server_cert, cert.public_bytes(serialization.Encoding.PEM))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    write_files(d, [key_file(d.server_key, key), public_file(d.server_cert, pem)])
     return Issued(d.server_cert, d.server_key, cert.serial_number, cert.not_valid_after_utc)
 
 
@@ -212,8 +171,8 @@ def issue_device(root: Path, name: str, *, tenant: str | None = None, days: int 
     if tenant is not None:
         check_tenant_name(tenant)
     cert_path, key_path = d.device_cert(name), d.device_key(name)
-    ca_cert, ca_key = _load_ca(d)
-    index = _read_index(d)
+    ca_cert, ca_key = load_ca(d)
+    index = read_index(d)
     _sync_crl(d, ca_cert, ca_key, index)
     earlier = index.devices.get(name)
     if earlier is not None and earlier.revoked_at is None:
@@ -223,13 +182,12 @@ def issue_device(root: Path, name: str, *, tenant: str | None = None, days: int 
     if tenant is not None:
         sans.append(x509.UniformResourceIdentifier(TENANT_URI_PREFIX + tenant))
     key, cert = _issue_leaf(ca_cert, ca_key, subject, sans, ExtendedKeyUsageOID.CLIENT_AUTH, days)
-    # recorded before the files exist: a certificate that is out there can always be revoked by name
+    # recorded before the files are published: a certificate that is out there can always be revoked
+    # by name
     serial = format(cert.serial_number, "x")
     index.devices[name] = DeviceRecord(name, serial, cert.not_valid_after_utc, tenant=tenant)
-    _write_index(d, index)
-    cert_path.parent.mkdir(exist_ok=True)
-    _write_key(key_path, key)
-    _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    write_files(d, [_index_file(d, index), key_file(key_path, key), public_file(cert_path, pem)])
     return Issued(cert_path, key_path, cert.serial_number, cert.not_valid_after_utc)
 
 
@@ -237,8 +195,8 @@ def revoke_device(root: Path, name: str) -> DeviceRecord:
     """Add device `name`'s current certificate to the CRL and rewrite crl.pem."""
     d = TLSDir(Path(root))
     check_device_name(name)
-    ca_cert, ca_key = _load_ca(d)
-    index = _read_index(d)
+    ca_cert, ca_key = load_ca(d)
+    index = read_index(d)
     _sync_crl(d, ca_cert, ca_key, index)  # a revoke cut short before its CRL is published now
     record = index.devices.get(name)
     if record is None:
@@ -255,7 +213,23 @@ def list_devices(root: Path) -> list[DeviceRecord]:
     d = TLSDir(Path(root))
     if not d.ca_cert.exists():
         raise CANotFoundError(f"no CA in {d.root}: run `ctxfuse certs init {d.root}` first")
-    return sorted(_read_index(d).devices.values(), key=lambda r: r.name)
+    return sorted(read_index(d).devices.values(), key=lambda r: r.name)
+
+
+def rebuild_crl(root: Path) -> Path:
+    """Publish crl.pem again from index.json: the fix for a damaged crl.pem (a readable one must be
+    accounted for by the index, as for every command)."""
+    d = TLSDir(Path(root))
+    ca_cert, ca_key = load_ca(d)
+    index = read_index(d)
+    try:
+        if d.crl.exists():
+            check_index_covers(d, index, read_crl(d, ca_cert))
+    except DamagedCAFile as fault:
+        if fault.path != d.crl:
+            raise  # the index is the one damaged: a CRL from it could drop revocations
+    _publish_crl(d, ca_cert, ca_key, index)
+    return d.crl
 
 
 def _issue_leaf(
@@ -324,7 +298,11 @@ def _authority_key_id(ca_key: ec.EllipticCurvePrivateKey) -> x509.AuthorityKeyId
 
 
 def _publish_crl(
-    d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index
+    d: TLSDir,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    index: Index,
+    before: Sequence[NewFile] = (),
 ) -> None:
     """A new CRL of everything `index` revokes: the index (with the CRL's number and time) first, then
     crl.pem built from it, so no crash leaves a CRL the index does not account for."""
@@ -333,24 +311,20 @@ def _publish_crl(
     # wait for the next second rather than date it in the future (a future CRL is "not yet valid").
     index.crl_last_update = _next_crl_time(index.crl_last_update)
     index.crl_number += 1
-    _write_index(d, index)
-    _write_crl(d, ca_cert, ca_key, index)
+    crl = _crl_pem(d, ca_cert, ca_key, index)
+    write_files(d, [*before, _index_file(d, index), public_file(d.crl, crl)])
 
 
 def _sync_crl(d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index) -> None:
-    """Publish a CRL again if crl.pem is not the one the index last recorded (a crash between the two)."""
-    try:
-        crl = x509.load_pem_x509_crl(d.crl.read_bytes())
-        number = crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
-    except (OSError, ValueError, x509.ExtensionNotFound):
-        number = None
+    """Publish a CRL again if crl.pem is not the one the index last recorded (a crash between the two,
+    or none yet). A damaged crl.pem, or an index that does not account for it, is refused instead:
+    rebuilding from such an index could drop revocations."""
+    number = check_index_covers(d, index, read_crl(d, ca_cert)) if d.crl.exists() else None
     if number != index.crl_number:
         _publish_crl(d, ca_cert, ca_key, index)
 
 
-def _write_crl(
-    d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index
-) -> None:
+def _crl_pem(d: TLSDir, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, index: Index) -> bytes:
     """crl.pem from the index: its number, time and revoked serials."""
     if index.crl_last_update is None:
         raise CertsError(f"{d.index} records no CRL time; it was not written by `ctxfuse certs`")
@@ -367,8 +341,7 @@ def _write_crl(
     for r in index.revoked:
         revoked = x509.RevokedCertificateBuilder().serial_number(int(r.serial, 16))
         builder = builder.add_revoked_certificate(revoked.revocation_date(r.revoked_at).build())
-    crl = builder.sign(ca_key, hashes.SHA256())
-    _write_public(d.crl, crl.public_bytes(serialization.Encoding.PEM))
+    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 def _next_crl_time(previous: dt.datetime | None) -> dt.datetime:
@@ -382,35 +355,5 @@ def _next_crl_time(previous: dt.datetime | None) -> dt.datetime:
         time.sleep(0.05)
 
 
-def _load_ca(d: TLSDir) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    if not d.ca_cert.exists() or not d.ca_key.exists():
-        raise CANotFoundError(f"no CA in {d.root}: run `ctxfuse certs init {d.root}` first")
-    cert = x509.load_pem_x509_certificate(d.ca_cert.read_bytes())
-    key = serialization.load_pem_private_key(d.ca_key.read_bytes(), password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise CertsError(f"{d.ca_key} is not an EC key; it was not made by `ctxfuse certs init`")
-    return cert, key
-
-
-def _read_index(d: TLSDir) -> Index:
-    if not d.index.exists():
-        return Index()
-    try:
-        return msgspec.json.decode(d.index.read_bytes(), type=Index)
-    except msgspec.ValidationError as exc:
-        raise CertsError(f"{d.index} is damaged: {exc}") from exc
-
-
-def _write_index(d: TLSDir, index: Index) -> None:
-    _write_public(d.index, msgspec.json.format(msgspec.json.encode(index)) + b"\n")
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    write_atomic(path, pem, 0o600)
-
-
-def _write_public(path: Path, data: bytes) -> None:
-    write_atomic(path, data, 0o644)
+def _index_file(d: TLSDir, index: Index) -> NewFile:
+    return public_file(d.index, msgspec.json.format(msgspec.json.encode(index)) + b"\n")

@@ -22,20 +22,22 @@ request's `scope["state"]`. Python: `SSLContext._msg_callback` (private, present
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import ssl
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
 import uvicorn
-from cryptography import x509
 
-from shared.certs import TENANT_URI_PREFIX, CertsError, TLSDir, check_device_name
+from shared.ca_files import CertsError, TLSDir, check_device_name, read_cert, read_crl, read_key
+from shared.certs import TENANT_URI_PREFIX
 from shared.conn_limits import ConnLimits, LimitedH11Protocol, uvicorn_options
+from shared.errors import CtxfuseError
 from shared.tenant_name import is_tenant_name
 from shared.tls_refusals import LOGGER, log_refusals
 
@@ -52,16 +54,25 @@ TENANT_STATE_KEY = "device_tenant"
 
 def server_context(tls_dir: Path | str) -> ssl.SSLContext:
     """The edge listener's context: TLS 1.3, the server certificate, a client certificate from the CA
-    required and checked against the CRL; refused handshakes are logged (`log_refusals`)."""
+    required and checked against the CRL; refused handshakes are logged (`log_refusals`).
+
+    Every file is checked first (shared.ca_files): a missing or damaged one stops the start with one
+    line naming it and its fix, rather than OpenSSL's error, or every handshake failing later."""
     d = TLSDir(Path(tls_dir))
     _require(d.server_cert, f"run `ctxfuse certs server {d.root} --host NAME`")
+    _require(d.server_key, f"run `ctxfuse certs server {d.root} --host NAME`")
     _require(d.crl, f"run `ctxfuse certs init {d.root}`")
+    ca = read_cert(_require(d.ca_cert, f"run `ctxfuse certs init {d.root}`"), d.ca_fix())
+    read_key(d.server_key, d.server_fix(), read_cert(d.server_cert, d.server_fix(), issuer=ca))
+    read_crl(d, ca)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.num_tickets = 0  # no resumption: see the module docstring
-    ctx.load_cert_chain(d.server_cert, d.server_key)
-    ctx.load_verify_locations(cafile=_require(d.ca_cert, f"run `ctxfuse certs init {d.root}`"))
-    ctx.load_verify_locations(cafile=d.crl)
+    with _openssl_refuses(d.server_cert, d.server_key):
+        ctx.load_cert_chain(d.server_cert, d.server_key)
+    with _openssl_refuses(d.ca_cert, d.crl):
+        ctx.load_verify_locations(cafile=d.ca_cert)
+        ctx.load_verify_locations(cafile=d.crl)
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     log_refusals(ctx)
@@ -70,13 +81,18 @@ def server_context(tls_dir: Path | str) -> ssl.SSLContext:
 
 def client_context(tls_dir: Path | str, device_name: str) -> ssl.SSLContext:
     """The edge agent's context: trusts only the CA (and checks the gateway's host name), presents
-    devices/NAME.pem."""
+    devices/NAME.pem. Its files are checked first, as in `server_context`."""
     d = TLSDir(Path(tls_dir))
     ca = _require(d.ca_cert, "copy ca.pem from the CA's directory")
-    cert = _require(d.device_cert(device_name), f"run `ctxfuse certs issue DIR {device_name}` and copy it")
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    hint = f"run `ctxfuse certs issue DIR {device_name}` and copy it"
+    cert, key = _require(d.device_cert(device_name), hint), _require(d.device_key(device_name), hint)
+    fix = d.device_fix(device_name)
+    ca_cert = read_cert(ca, "copy ca.pem again from the CA's directory")
+    read_key(key, fix, read_cert(cert, fix, issuer=ca_cert))
+    with _openssl_refuses(ca, cert, key):
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+        ctx.load_cert_chain(cert, key)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.load_cert_chain(cert, d.device_key(device_name))
     return ctx
 
 
@@ -84,6 +100,16 @@ def _require(path: Path, hint: str) -> Path:
     if not path.is_file():
         raise CertsError(f"{path} does not exist: {hint}")
     return path
+
+
+@contextlib.contextmanager
+def _openssl_refuses(*paths: Path) -> Iterator[None]:
+    """OpenSSL's refusal of files that passed our checks (a form it does not take) as one line."""
+    try:
+        yield
+    except ssl.SSLError as exc:
+        names = ", ".join(str(p) for p in paths)
+        raise CertsError(f"OpenSSL cannot load {names} ({exc.reason or exc}): issue them again") from exc
 
 
 class RevocationWatcher:
@@ -94,22 +120,26 @@ class RevocationWatcher:
 
     def __init__(self, context: ssl.SSLContext, tls_dir: Path | str) -> None:
         self._context = context
-        self._path = TLSDir(Path(tls_dir)).crl
+        self._dir = TLSDir(Path(tls_dir))
+        self._path = self._dir.crl
+        self._ca = read_cert(self._dir.ca_cert, self._dir.ca_fix())  # what each new CRL must be signed by
         # None: the first refresh loads the file even if server_context read this same version
         # (OpenSSL keeps one copy of an identical CRL), so no change between the two is missed
         self._seen: tuple[int, int, int] | None = None
         self.revoked: frozenset[int] = frozenset()
 
     def refresh(self) -> bool:
-        """Load crl.pem again if it changed; True when it did. Raises OSError or ssl.SSLError for a
-        missing or unreadable file, leaving the CRLs already loaded in force."""
+        """Load crl.pem again if it changed; True when it did. Raises OSError, ssl.SSLError or a
+        CtxfuseError (shared.ca_files.DamagedCAFile, a StorageFault) for a missing, unreadable or
+        damaged file, leaving the CRLs already loaded in force: a CRL whose signature does not verify
+        would make OpenSSL refuse every device."""
         st = os.stat(self._path)
         # a rename (how shared.certs writes) changes the inode even when mtime's resolution is coarse
         signature = (st.st_mtime_ns, st.st_size, st.st_ino)
         if signature == self._seen:
             return False
         # each crl.pem lists every serial ever revoked (shared.certs rebuilds it from the index)
-        crl = x509.load_pem_x509_crl(self._path.read_bytes())
+        crl = read_crl(self._dir, self._ca)
         revoked = frozenset(entry.serial_number for entry in crl)
         self._context.load_verify_locations(cafile=self._path)
         self.revoked = revoked
@@ -134,7 +164,7 @@ class RevocationWatcher:
     def _refresh_or_log(self) -> None:
         try:
             self.refresh()
-        except (OSError, ssl.SSLError, ValueError) as exc:
+        except (OSError, ssl.SSLError, ValueError, CtxfuseError) as exc:
             # an exception here would abort this handshake; keep the CRLs already loaded instead
             log = structlog.get_logger(LOGGER)
             log.error("edge_tls_crl_reload_failed", path=str(self._path), error=str(exc))

@@ -101,7 +101,7 @@ class KeyStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._db = open_db(path, durable=True)
+        self._db = open_db(path, durable=True, store="keys")
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:

@@ -37,7 +37,8 @@ import msgspec
 from gateway.encoding import encode
 from shared.batch_protocol import FileObject
 from shared.sql_page import newest_first
-from shared.sqlite_store import ensure_columns, open_db
+from shared.sqlite_store import ensure_columns, open_db, transaction
+from shared.storage_faults import require_room
 
 # the whole database: files and keys (here), batches and their requests (batch/store.py)
 _SCHEMA = """
@@ -112,10 +113,17 @@ def new_file(purpose: str, filename: str, size: int, ttl_s: int | None, now: int
 
 class FileStore:
     def __init__(
-        self, path: Path | str, clock: Callable[[], float] = time.time, default_ttl_s: int | None = None
+        self,
+        path: Path | str,
+        clock: Callable[[], float] = time.time,
+        default_ttl_s: int | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         """`clock`: seconds since the epoch, deciding what has expired; `default_ttl_s`: the lifetime of
-        a file made without one (None: until deleted, as OpenAI keeps them)."""
+        a file made without one (None: until deleted, as OpenAI keeps them); `min_free_bytes`: an
+        upload that would leave less free on the disk is refused (the batches' results are not)."""
+        self._path = Path(path)
+        self._min_free = min_free_bytes
         self._clock = clock
         self._default_ttl_s = default_ttl_s
         self._lock = threading.Lock()
@@ -123,7 +131,7 @@ class FileStore:
         # cannot roll back an acknowledged upload, create or cancel (NORMAL in WAL may lose the last
         # commits: work run twice). Incremental vacuum: sweep() can give the pages of expired files
         # back to the filesystem (on a database made since; it has no effect on an older one).
-        self._db = open_db(path, durable=True, incremental_vacuum=True)
+        self._db = open_db(path, durable=True, incremental_vacuum=True, store="batch")
         self._db.executescript(_SCHEMA)
         for table, columns in _ADDED.items():
             ensure_columns(self._db, table, columns)
@@ -134,14 +142,8 @@ class FileStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as db:
+            yield db
 
     def _one(self, sql: str, *args: object) -> Any:
         """The first row of `sql` (a tuple of column values), or None."""
@@ -181,7 +183,8 @@ class FileStore:
         *,
         owner: str,
     ) -> FileObject | KeyReused:
-        """A new file expiring `ttl_s` after its creation (None: the store's default)."""
+        """A new file expiring `ttl_s` after its creation (None: the store's default); StorageFault when
+        the disk cannot take it (nothing is stored then)."""
         with self._tx() as db:
             replay = self._replay(db, idem)
             if isinstance(replay, KeyReused):
@@ -192,6 +195,7 @@ class FileStore:
                     return found
                 # the key's file expired (not yet swept): the key goes with it, as with a deleted one
                 db.execute("DELETE FROM idempotency WHERE object_id = ?", (replay,))
+            require_room("batch", self._path, len(content), self._min_free)  # (not for a replay)
             f = self._insert_file(db, purpose, filename, content, ttl_s, owner)
             self._remember(db, idem, f.id)
             return f
@@ -264,7 +268,7 @@ class FileStore:
 
     def _write_content(self, db: sqlite3.Connection, ref: ContentRef, pieces: Iterator[bytes]) -> None:
         """Fill a file made by _insert_sized_file piece by piece; the pieces add up to its size."""
-        with db.blobopen("files", "content", ref.row) as blob:
+        with self._db.guard(), db.blobopen("files", "content", ref.row) as blob:
             for piece in pieces:
                 blob.write(piece)
 

@@ -227,8 +227,9 @@ async def list_batches(
     limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
     after: FromQuery[str | None] = None,
 ) -> Response[bytes]:
-    batches = await _off_loop(_runner(request).store.list_batches, limit, after, owner=_owner(request))
-    return _json(batch_list(batches, limit))
+    runner = _runner(request)
+    batches = await _off_loop(runner.store.list_batches, limit, after, owner=_owner(request))
+    return _json(batch_list([runner.shown(b) for b in batches], limit))
 
 
 @get("/v1/batches/{batch_id:str}", summary="Retrieve a batch (OpenAI)")
@@ -236,7 +237,7 @@ async def retrieve_batch(request: AnyRequest, batch_id: FromPath[str]) -> Respon
     batch = await _off_loop(_runner(request).store.get_batch, batch_id, _owner(request))
     if batch is None:
         raise NotFoundError(f"no batch with id {batch_id!r}", param="batch_id")
-    return _json(batch)
+    return _json(_runner(request).shown(batch))
 
 
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch (OpenAI)")

@@ -39,11 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 
+from gateway.batch import steps
 from gateway.batch.executor import BATCH_PRIORITY, Answer, Executor
-from gateway.batch.input import BatchItem, parse_batch_input
+from gateway.batch.input import BatchItem
 from gateway.batch.lease import HeldLease, Leases, LocalLeases, RedisLeases
 from gateway.batch.store import ACTIVE, BatchStore
 from gateway.batch.store_api import Store
@@ -53,40 +53,20 @@ from gateway.errors import ServiceUnavailableError
 from gateway.shared_state.redis_link import RedisLink, SharedStateDown
 from shared.batch_protocol import (
     Batch,
-    BatchError,
-    BatchErrors,
-    BatchLineError,
-    BatchLineResponse,
-    BatchOutputLine,
 )
 from shared.dir_lock import DirInUse, DirLock, HeldBy, lock_dir
 from shared.errors import CtxfuseError, QueueFullError
+from shared.storage_faults import StorageFault
 
 log = structlog.get_logger("ctxfuse.gateway")
 
 RETRY_S = 1.0  # wait before retrying work that could not be taken (queue full, no engine or backend)
 MAX_RUNNING = 4  # batches run side by side (GatewayConfig.max_running_batches)
 ATTEMPTS = 3  # unexpected errors in a row on one batch before it is failed
+STORAGE_RETRY_S = 5.0  # between tries of a batch whose disk refused a write (full, read-only)
 SWEEP_S = 60.0  # between deletions of expired files (they are hidden from their expiry on anyway)
 POLL_S = 1.0  # with Redis: between looks for batches made (or left by a dead replica) elsewhere
 _LOOK_AHEAD = 256  # active batches looked at per pass for one whose lease is free
-
-
-def _line(item: BatchItem, answer: Answer | None, rid: str, error: BatchLineError | None = None) -> bytes:
-    response = None
-    if answer is not None:
-        body = msgspec.Raw(answer.body)
-        response = BatchLineResponse(status_code=answer.status_code, request_id=rid, body=body)
-    line = BatchOutputLine(
-        id=f"batch_req_{uuid.uuid4().hex[:24]}", custom_id=item.custom_id, response=response, error=error
-    )
-    return encode(line)
-
-
-def _failure(exc: BaseException) -> BatchErrors:
-    # the type only: the message may name server internals; the log has the traceback
-    message = f"the server failed on this batch {ATTEMPTS} times ({type(exc).__name__}); it has been logged"
-    return BatchErrors(data=[BatchError(code="server_error", message=message)])
 
 
 class BatchRunner:
@@ -101,10 +81,13 @@ class BatchRunner:
         file_ttl_s: int | None = None,
         redis: RedisLink | None = None,
         lease_s: float | None = None,
+        min_free_bytes: int = 0,
+        storage_retry_s: float | None = None,
     ):
         """`path`: the SQLite database (unused with `redis`, the store every replica shares);
         `lease_s`: with Redis, how long a batch stays leased to a replica that stopped renewing (None:
-        batch/lease.py's default)."""
+        batch/lease.py's default); `min_free_bytes`: the free space uploads leave on the database's disk
+        (batch/files.py); `storage_retry_s`: between tries of a batch paused by its disk."""
         if max_running < 1 or concurrency < 1:
             raise ValueError(f"max_running and concurrency must be >= 1, got {max_running} and {concurrency}")
         self.execute = execute  # the in-process engine's (batch/executor.py) or the fleet's
@@ -116,6 +99,11 @@ class BatchRunner:
         self.file_ttl_s = file_ttl_s  # lifetime of a file made without one (None: until deleted)
         self.redis = redis
         self.leases: Leases = LocalLeases() if redis is None else RedisLeases(redis, lease_s)
+        self.min_free_bytes = min_free_bytes
+        self.storage_retry_s = STORAGE_RETRY_S if storage_retry_s is None else storage_retry_s
+        # batches whose disk refused their last write, with the fault: shown on the batch as its
+        # reason until a step of it works again
+        self.paused: dict[str, StorageFault] = {}
         self._store: Store | None = None
         self._dir_lock: DirLock | None = None
         self._task: asyncio.Task[None] | None = None
@@ -142,7 +130,7 @@ class BatchRunner:
         if isinstance(lock, HeldBy):
             raise DirInUse(lock, "gateway data dir (--data-dir)")
         self._dir_lock = lock
-        return BatchStore(self.path, lambda: self.clock(), self.file_ttl_s)
+        return BatchStore(self.path, lambda: self.clock(), self.file_ttl_s, self.min_free_bytes)
 
     async def start(self) -> None:
         self._started = True
@@ -162,6 +150,11 @@ class BatchRunner:
         if self._dir_lock is not None:
             self._dir_lock.release()
             self._dir_lock = None
+
+    def shown(self, batch: Batch) -> Batch:
+        """The batch as a client sees it: a paused one carries the reason in `errors`."""
+        fault = self.paused.get(batch.id)
+        return batch if fault is None or batch.status not in ACTIVE else steps.paused(batch, fault)
 
     def wake(self) -> None:
         """New work, or a cancel: look at the store again."""
@@ -272,6 +265,14 @@ class BatchRunner:
                     return
                 await self._advance(batch, lease)
                 errors = 0
+                self.paused.pop(batch_id, None)
+            except StorageFault as fault:
+                # the disk is full (or read-only): the batch waits with its reason, never failed for it
+                # and never reported complete; what it stored stays, and it goes on once a write works
+                if batch_id not in self.paused:
+                    log.warning("batch_paused", batch_id=batch_id, store=fault.store, kind=fault.kind)
+                self.paused[batch_id] = fault
+                await asyncio.sleep(self.storage_retry_s)
             except ServiceUnavailableError:
                 # the engine stopped, the gateway drains or Redis is down: try later
                 await asyncio.sleep(RETRY_S)
@@ -285,7 +286,7 @@ class BatchRunner:
 
     async def _fail(self, batch_id: str, exc: Exception) -> None:
         try:
-            await asyncio.to_thread(self.store.finish, batch_id, "failed", _failure(exc))
+            await asyncio.to_thread(self.store.finish, batch_id, "failed", steps.failure(exc, ATTEMPTS))
         except Exception:
             log.exception("batch_runner_fail_error", batch_id=batch_id)
             self._given_up.add(batch_id)
@@ -304,23 +305,7 @@ class BatchRunner:
             await asyncio.to_thread(store.finish, batch.id, "cancelled")
 
     async def _validate(self, batch: Batch) -> None:
-        await asyncio.to_thread(self._validate_sync, self.store, batch)
-
-    @staticmethod
-    def _validate_sync(store: Store, batch: Batch) -> None:
-        content = store.file_content(batch.input_file_id)
-        if content is None:
-            message = f"the input file {batch.input_file_id} expired or was deleted before the batch ran"
-            error = BatchError(code="invalid_file", message=message, param="input_file_id")
-            store.fail_validation(batch.id, BatchErrors(data=[error]))
-            return
-        parsed = parse_batch_input(content, batch.endpoint)
-        items = [p for p in parsed if isinstance(p, BatchItem)]
-        errors = [p for p in parsed if isinstance(p, BatchError)]
-        if errors:
-            store.fail_validation(batch.id, BatchErrors(data=errors))
-        else:
-            store.start(batch.id, items)  # None: cancelled meanwhile, which the next turn finishes
+        await asyncio.to_thread(steps.validate, self.store, batch)
 
     async def _halted(self, batch: Batch) -> bool:
         """Cancelled, or past its window (then its unrun requests fail as expired)."""
@@ -328,16 +313,9 @@ class BatchRunner:
         if current is None or current.status != "in_progress":
             return True
         if batch.expires_at is not None and self.clock() >= batch.expires_at:
-            await asyncio.to_thread(self._expire, self.store, batch)
+            await asyncio.to_thread(steps.expire, self.store, batch)
             return True
         return False
-
-    @staticmethod
-    def _expire(store: Store, batch: Batch) -> None:
-        error = BatchLineError(code="batch_expired", message="the batch expired before this request ran")
-        for item in store.pending(batch.id):
-            store.put_result(batch.id, item.line, False, _line(item, None, "", error))
-        store.finish(batch.id, "expired")
 
     async def _run(self, batch: Batch, lease: HeldLease) -> None:
         """Run the batch's requests without results, `concurrency` at a time, while the lease is
@@ -392,5 +370,5 @@ class BatchRunner:
                 error = CtxfuseError("the server failed on this request; it has been logged")
                 answer = Answer(error.status, encode(error.to_openai()))
                 break
-        ok, line = answer.status_code == 200, _line(item, answer, rid)
+        ok, line = answer.status_code == 200, steps.output_line(item, answer, rid)
         await asyncio.to_thread(self.store.put_result, batch.id, item.line, ok, line)

@@ -30,6 +30,7 @@ Thread-safe: one connection, one lock; calls are short and the gateway may make 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,7 +40,8 @@ from typing import Any
 
 from shared.chunking import digest as chunk_digest
 from shared.compression import ChunkError
-from shared.sqlite_store import open_db
+from shared.sqlite_store import open_rebuildable, transaction
+from shared.storage_faults import StorageFault
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
@@ -72,7 +74,7 @@ class ChunkStore:
         # link answers a request naming it with 409 and the missing digests, the agent re-sends them
         # (edge/acked.py is a hint it then forgets), and no request is run or acknowledged on a chunk
         # the store lacks.
-        self._db = open_db(path, durable=False)
+        self._db = open_rebuildable(path, store="chunks")
         self._db.executescript(_SCHEMA)
         self.hits = 0  # chunks found by missing() and get_many()
         self.misses = 0  # chunks not found by them
@@ -116,11 +118,14 @@ class ChunkStore:
         Touched in request order, so the first named is the first of them to be evicted later.
         """
         wanted = _unique(digests)
-        with self._lock, self._transaction():
+        with self._lock:
             found = {d: data for d, data in self._select("SELECT digest, data FROM chunks", wanted, tenant)}
-            self._touch((d for d in wanted if d in found), tenant)
             self._count_lookups(len(found), len(wanted))
             self.bytes_read += sum(len(data) for data in found.values())
+            # the LRU order is only a hint: a disk too full to record it never keeps a request from
+            # the chunks the store holds (the lock is held: nothing is evicted in between)
+            with contextlib.suppress(StorageFault), self._transaction():
+                self._touch((d for d in wanted if d in found), tenant)
         return found
 
     # -- writes ---------------------------------------------------------------------------------
@@ -166,14 +171,12 @@ class ChunkStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
         try:
-            yield
+            with transaction(self._db):
+                yield
         except BaseException:
-            self._db.execute("ROLLBACK")
             self._load_totals()  # undo what the failed call counted
             raise
-        self._db.execute("COMMIT")
 
     def _load_totals(self) -> None:
         count, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM chunks").fetchone()

@@ -54,7 +54,7 @@ class Stored:
 
 class ResponseStore:
     def __init__(self, path: Path) -> None:
-        self._db = open_db(path, durable=True)
+        self._db = open_db(path, durable=True, store="responses")
         self._db.execute(_SCHEMA)
         self._lock = threading.Lock()
 

@@ -12,6 +12,7 @@ A chat stream that fails (it raises; a relayed one: its `{"error": ...}` event, 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -42,6 +43,7 @@ from shared.responses_protocol import (
     TextDeltaEvent,
     TextDoneEvent,
 )
+from shared.storage_faults import StorageFault
 
 Finish = Callable[[Response], Awaitable[None]]
 _RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
@@ -292,7 +294,10 @@ async def _events(
     events, response = state.end()
     for event in events:
         yield event
-    await finish(response)
+    try:
+        await finish(response)
+    except StorageFault as fault:  # not kept (a full disk): the client is told, never a cut stream
+        raise _Failed(fault.message, fault.code, None) from fault
     yield state.lifecycle(response.status, response)
 
 
@@ -327,5 +332,6 @@ async def retell(
             await aclose()
     event, response = state.failed(failure.message, failure.code, failure.param)
     yield event
-    await finish(response)
+    with contextlib.suppress(StorageFault):  # (counted and logged where it was raised)
+        await finish(response)
     yield state.lifecycle("failed", response)

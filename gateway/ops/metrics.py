@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from shared.engine_types import EngineStats, RequestOutput
+from shared.storage_faults import FaultCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -145,6 +146,7 @@ class Metrics:
             registry=r,
         )
         r.register(_EngineCollector(stats))
+        r.register(FaultCollector())  # ctxfuse_storage_errors_total{store, kind}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

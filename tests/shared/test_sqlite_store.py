@@ -20,7 +20,7 @@ def test_a_store_opens_in_wal_at_its_durability_in_a_directory_made_for_it(
     tmp_path: Path, durable: bool, synchronous: int
 ) -> None:
     path = tmp_path / "not" / "yet" / "there.sqlite"
-    db = open_db(path, durable=durable)
+    db = open_db(path, durable=durable, store="batch")
     try:
         assert path.is_file()
         assert pragma(db, "journal_mode") == "wal"
@@ -34,7 +34,13 @@ def test_a_store_opens_in_wal_at_its_durability_in_a_directory_made_for_it(
 def test_incremental_vacuum_is_set_on_a_new_database_and_the_isolation_level_is_kept(
     tmp_path: Path,
 ) -> None:
-    db = open_db(tmp_path / "v.sqlite", durable=True, incremental_vacuum=True, isolation_level="DEFERRED")
+    db = open_db(
+        tmp_path / "v.sqlite",
+        durable=True,
+        incremental_vacuum=True,
+        isolation_level="DEFERRED",
+        store="batch",
+    )
     try:
         db.execute("CREATE TABLE t (x INTEGER)")
         assert pragma(db, "auto_vacuum") == 2  # INCREMENTAL, though the file is in WAL
@@ -54,7 +60,7 @@ def test_missing_columns_are_added_to_an_older_table_once(tmp_path: Path) -> Non
         old.execute("INSERT INTO items VALUES ('a')")
     old.close()
     added = {"owner": "TEXT NOT NULL DEFAULT 'default'", "expires_at": "INTEGER"}
-    db = open_db(path, durable=True)
+    db = open_db(path, durable=True, store="batch")
     try:
         ensure_columns(db, "items", added)
         columns = [r[1] for r in db.execute("PRAGMA table_info(items)")]
@@ -68,7 +74,7 @@ def test_missing_columns_are_added_to_an_older_table_once(tmp_path: Path) -> Non
 
 
 def test_a_column_that_cannot_be_added_adds_none_of_them(tmp_path: Path) -> None:
-    db = open_db(tmp_path / "t.sqlite", durable=True)
+    db = open_db(tmp_path / "t.sqlite", durable=True, store="batch")
     try:
         db.execute("CREATE TABLE items (id TEXT PRIMARY KEY)")
         db.execute("INSERT INTO items VALUES ('a')")
@@ -80,3 +86,30 @@ def test_a_column_that_cannot_be_added_adds_none_of_them(tmp_path: Path) -> None
         assert not db.in_transaction
     finally:
         db.close()
+
+
+def test_a_database_on_a_disk_already_full_opens_reads_and_writes_once_there_is_room(tmp_path: Path) -> None:
+    """Its -shm file (gone with the last connection) cannot be made on a full disk: it opens in
+    exclusive locking mode instead of keeping the process from starting."""
+    from shared.storage_faults import StorageFault
+
+    from ..storage_rig import fill, make_room, small_fs
+
+    with small_fs(tmp_path / "fs", 1024) as d:
+        db = open_db(d / "s.sqlite", durable=True, store="keys")
+        db.execute("CREATE TABLE t (v TEXT)")
+        db.execute("INSERT INTO t VALUES ('kept')")
+        db.close()
+        assert not (d / "s.sqlite-shm").exists()
+        fill(d)
+        db = open_db(d / "s.sqlite", durable=True, store="keys")
+        try:
+            assert db.execute("SELECT v FROM t").fetchall() == [("kept",)]
+            with pytest.raises(StorageFault) as refused:
+                db.execute("INSERT INTO t VALUES (?)", ("x" * 100_000,))
+            assert refused.value.kind == "full"
+            make_room(d)
+            db.execute("INSERT INTO t VALUES ('after')")
+            assert [r[0] for r in db.execute("SELECT v FROM t")] == ["kept", "after"]
+        finally:
+            db.close()
