@@ -32,8 +32,9 @@ from shared.storage_faults import StorageFault, fault_from, storage_guard
 log = structlog.get_logger("ctxfuse.storage")
 
 BUSY_TIMEOUT_S = 5.0
-# databases up to this size get a full structural check when opened (about a second at this size on
-# a small machine's page cache); larger ones have their header and schema read
+# databases up to this size get a structural check when opened (a 128 MiB one of uploaded files took
+# 40 ms on a 2-core EPYC, from the page cache; many small rows cost more per byte); larger ones have
+# their header and schema read
 QUICK_CHECK_MAX_BYTES = 256 << 20
 
 

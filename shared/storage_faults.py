@@ -75,7 +75,7 @@ _WHAT: dict[Kind, str] = {
 }
 _FIX: dict[Kind, str] = {
     "full": "free space on that disk or give it a larger volume; writes work again as soon as there is room",
-    "read_only": "make the directory writable by this process (or remount it read-write), then restart",
+    "read_only": "make the directory writable by this process (or remount it read-write), then try again",
     "damaged": "restore it from a backup, or move it aside to start with an empty one (what it held is "
     "then lost; `sqlite3 FILE .recover` may save its rows); it is never replaced silently",
     "failing": "check the disk (dmesg, SMART) and the file's permissions",

@@ -18,8 +18,13 @@ import pytest
 from openai.types import Batch
 
 from cloud.serving.in_process import InProcessBackend
+from gateway.access.keys import KeyStore
 from gateway.batch import runner as runner_module
+from gateway.batch.files import FileStore
 from gateway.config import GatewayConfig
+from gateway.openai.response_store import ResponseStore
+from gateway.ops.preflight import check_data_dir
+from shared.storage_faults import StorageFault
 
 from ..storage_rig import checkpoint, fill, make_room, remount, small_fs
 from .batches import chat_line, client_of, jsonl, lines_of, upload, wait
@@ -216,19 +221,15 @@ def _damage(path: Path) -> bytes:
 
 
 def test_serve_refuses_a_damaged_database_and_leaves_it_as_it_was(tmp_path: Path) -> None:
-    from gateway.access.keys import KeyStore
-    from gateway.batch.files import FileStore
-    from gateway.ops.preflight import check_data_dir
-    from shared.storage_faults import StorageFault
-
     files = FileStore(tmp_path / "batches.sqlite")
     files.put_file("batch", "a.jsonl", b"{}\n" * 2000, owner="t")
     files.close()
     keys = KeyStore(tmp_path / "keys.sqlite")
     keys.create("t")
     keys.close()
+    ResponseStore(tmp_path / "responses.sqlite").close()  # (its table's root page is page 2)
     config = GatewayConfig(data_dir=tmp_path)
-    for name in ("batches.sqlite", "keys.sqlite"):
+    for name in ("batches.sqlite", "keys.sqlite", "responses.sqlite"):
         path = tmp_path / name
         good = path.read_bytes()
         damaged = _damage(path)

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from shared.sqlite_store import ensure_columns, open_db
+from shared.storage_faults import StorageFault
+
+from ..storage_rig import fill, make_room, small_fs
 
 
 def pragma(db: sqlite3.Connection, name: str) -> object:
@@ -91,10 +94,6 @@ def test_a_column_that_cannot_be_added_adds_none_of_them(tmp_path: Path) -> None
 def test_a_database_on_a_disk_already_full_opens_reads_and_writes_once_there_is_room(tmp_path: Path) -> None:
     """Its -shm file (gone with the last connection) cannot be made on a full disk: it opens in
     exclusive locking mode instead of keeping the process from starting."""
-    from shared.storage_faults import StorageFault
-
-    from ..storage_rig import fill, make_room, small_fs
-
     with small_fs(tmp_path / "fs", 1024) as d:
         db = open_db(d / "s.sqlite", durable=True, store="keys")
         db.execute("CREATE TABLE t (v TEXT)")
