@@ -7,6 +7,7 @@ so a client never sees two error formats. Anything unexpected is a 500 that hide
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -16,6 +17,7 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
 from gateway.encoding import encode
 from shared.errors import CtxfuseError, InvalidRequestError, NotFoundError, QueueFullError
+from shared.storage_faults import fault_from
 
 log = structlog.get_logger("ctxfuse.gateway")
 
@@ -113,6 +115,10 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("unhandled_error", path=request.url.path)
+    # a disk fault past every store's guard is still answered as one (507 or 503), never a 500
+    fault = fault_from(exc, "server", Path(request.url.path))
+    if fault is not None:
+        return error_response(fault)
     return error_response(CtxfuseError("the server failed on this request; it has been logged"))
 
 

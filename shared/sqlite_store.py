@@ -39,47 +39,81 @@ QUICK_CHECK_MAX_BYTES = 256 << 20
 
 
 class GuardedConnection(sqlite3.Connection):
-    """A connection whose statements raise what the disk refuses as its store's StorageFault."""
+    """A connection whose statements, and the reads of their rows, raise what the disk refuses as its
+    store's StorageFault."""
 
     store: str
     path: Path
 
-    def _fault(self, exc: sqlite3.Error) -> BaseException:
+    def fault(self, exc: sqlite3.Error) -> BaseException:
         return fault_from(exc, self.store, self.path) or exc
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         try:
-            return super().execute(sql, parameters)
+            return self.cursor(GuardedCursor).execute(sql, parameters)
         except sqlite3.Error as exc:
-            raise self._fault(exc) from exc
+            raise self.fault(exc) from exc
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
         try:
-            return super().executemany(sql, parameters)
+            return self.cursor(GuardedCursor).executemany(sql, parameters)
         except sqlite3.Error as exc:
-            raise self._fault(exc) from exc
+            raise self.fault(exc) from exc
 
     def executescript(self, script: str, /) -> sqlite3.Cursor:
         try:
             return super().executescript(script)
         except sqlite3.Error as exc:
-            raise self._fault(exc) from exc
+            raise self.fault(exc) from exc
 
     def commit(self) -> None:
         try:
             super().commit()
         except sqlite3.Error as exc:
-            raise self._fault(exc) from exc
+            raise self.fault(exc) from exc
 
     def __exit__(self, *exc_info: Any) -> Literal[False]:
         try:
             return super().__exit__(*exc_info)
         except sqlite3.Error as exc:
-            raise self._fault(exc) from exc
+            raise self.fault(exc) from exc
 
     def guard(self) -> contextlib.AbstractContextManager[None]:
         """For what goes past the statements (a blob's writes): raise the disk's refusals as faults."""
         return storage_guard(self.store, self.path)
+
+
+class GuardedCursor(sqlite3.Cursor):
+    """A cursor whose rows read after the first (a page of a large result, read from a damaged part of
+    the file) raise its connection's StorageFault as the statement itself would."""
+
+    def _fault(self, exc: sqlite3.Error) -> BaseException:
+        db = self.connection
+        return db.fault(exc) if isinstance(db, GuardedConnection) else exc
+
+    def fetchone(self) -> Any:
+        try:
+            return super().fetchone()
+        except sqlite3.Error as exc:
+            raise self._fault(exc) from exc
+
+    def fetchmany(self, size: int | None = None) -> list[Any]:
+        try:
+            return super().fetchmany(self.arraysize if size is None else size)
+        except sqlite3.Error as exc:
+            raise self._fault(exc) from exc
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return super().fetchall()
+        except sqlite3.Error as exc:
+            raise self._fault(exc) from exc
+
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except sqlite3.Error as exc:
+            raise self._fault(exc) from exc
 
 
 def open_db(

@@ -90,6 +90,7 @@ STORES: dict[str, str] = {
     "acked": "agent's acknowledged-chunk record",
     "ca": "certificate authority's files",
     "data_dir": "data directory",
+    "server": "storage",  # a fault no store named (gateway/errors.py's last resort)
 }
 
 

@@ -18,6 +18,7 @@ from gateway.access.keys import KeyStore
 from gateway.batch.files import FileStore
 from gateway.config import GatewayConfig
 from gateway.edge.chunk_store import ChunkStore
+from shared import sqlite_store
 from shared.chunking import digest as chunk_digest
 from shared.storage_faults import StorageFault
 
@@ -140,3 +141,30 @@ def test_a_response_that_cannot_be_stored_is_refused_and_a_stream_ends_failed_no
         assert httpx.post(url, json=body, timeout=60).status_code == 200
     finally:
         running.stop()
+
+
+def test_a_large_database_damaged_past_its_open_check_answers_its_reads_as_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beyond QUICK_CHECK_MAX_BYTES only the header and schema are read when opening: a page damaged
+    further in is met by a read, which raises the store's "damaged" fault (a 503), never a bare
+    sqlite3 error (a 500)."""
+    path = tmp_path / "batches.sqlite"
+    files = FileStore(path)
+    made = [files.put_file("batch", f"{i}.jsonl", bytes([i % 250]) * 3000, owner="t") for i in range(60)]
+    files.close()
+    data = bytearray(path.read_bytes())
+    last = len(data) // 4096 - 1
+    data[last * 4096 : last * 4096 + 8] = b"\xff" * 8  # the last page's b-tree header
+    path.write_bytes(bytes(data))
+    monkeypatch.setattr(sqlite_store, "QUICK_CHECK_MAX_BYTES", 0)
+    damaged = FileStore(path)
+    try:
+        with pytest.raises(StorageFault) as found:
+            for f in made:
+                damaged.file_content(f.id)
+            damaged.list_files(10_000, None, None, owner="t")
+        assert found.value.kind == "damaged" and found.value.status == 503
+        assert found.value.code == "storage_damaged" and str(path) in found.value.operator_message
+    finally:
+        damaged.close()
