@@ -176,7 +176,7 @@ def _connect(
             db.execute("PRAGMA locking_mode=EXCLUSIVE")
         if existing:
             check_intact(db)
-        if incremental_vacuum:  # before WAL: once the database file is written it is too late
+        if incremental_vacuum and not existing:  # before WAL: once the file is written it is too late
             db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")

@@ -10,10 +10,12 @@ Every step is read from and written to the store, so a new process resumes where
 stopped: a request is run until its result is stored, and a stored result is never run again. Every
 store call runs off the event loop. A batch is isolated from the others: an unexpected error on it is
 retried (RETRY_S apart) and after ATTEMPTS in a row in one process the batch is failed with the
-reason, its results so far in its files, while the other batches go on. Every SWEEP_S (and at start)
-the runner deletes expired files, which the store hides from the second they expire. The
-database is opened on first use (a route, or at start when it already exists), so a gateway that
-never serves a batch writes nothing.
+reason, its results so far in its files, while the other batches go on. A write its disk refuses (a
+StorageFault: full, read-only) pauses it instead: it keeps its status, shows the reason in `errors`
+(shown()), and is tried again every STORAGE_RETRY_S until the write works: never failed for it,
+never completed short. Every SWEEP_S (and at start) the runner deletes expired files, which the store
+hides from the second they expire. The database is opened on first use (a route, or at start when it
+already exists), so a gateway that never serves a batch writes nothing.
 
 One runner per data dir: opening the database first takes the dir's lock (shared/dir_lock.py), so a
 second process over the same dir refuses to start (DirInUse, when the database exists at start) or
@@ -51,9 +53,7 @@ from gateway.batch.store_redis import RedisBatchStore
 from gateway.encoding import encode
 from gateway.errors import ServiceUnavailableError
 from gateway.shared_state.redis_link import RedisLink, SharedStateDown
-from shared.batch_protocol import (
-    Batch,
-)
+from shared.batch_protocol import Batch
 from shared.dir_lock import DirInUse, DirLock, HeldBy, lock_dir
 from shared.errors import CtxfuseError, QueueFullError
 from shared.storage_faults import StorageFault
@@ -232,6 +232,7 @@ class BatchRunner:
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
+            self.paused.pop(lease.batch_id, None)  # (shown again if it pauses when next driven)
             if lease.held():  # (a lapsed lease may be another replica's by now: release checks that too)
                 await asyncio.to_thread(self.leases.release, lease.batch_id)
 

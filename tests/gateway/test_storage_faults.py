@@ -133,6 +133,28 @@ def test_a_disk_full_to_the_last_page_refuses_every_write_and_takes_them_again_o
         running.stop()
 
 
+def test_a_gateway_started_on_a_disk_already_full_serves_and_takes_writes_once_freed(
+    backend: InProcessBackend, small: Path
+) -> None:
+    """Its databases' -shm files went with the last close and cannot be made on a full disk: it still
+    starts (no crash loop), reads and chats, refuses writes with 507, and takes them once freed."""
+    first = _gateway(backend, small)
+    kept = jsonl([chat_line("k")])
+    kept_id = upload(client_of(first), kept)
+    first.stop()
+    fill(small)
+    running = _gateway(backend, small)
+    try:
+        c = client_of(running)
+        assert c.files.content(kept_id).content == kept
+        _chat_works(running)
+        assert _upload_raw(running, jsonl([chat_line("s")])).status_code == 507
+        make_room(small)
+        assert c.files.content(upload(c, jsonl([chat_line("t")]))).content == jsonl([chat_line("t")])
+    finally:
+        running.stop()
+
+
 def test_an_upload_that_would_eat_the_floor_is_refused_before_anything_is_written(
     backend: InProcessBackend, small: Path
 ) -> None:
