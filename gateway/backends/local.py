@@ -22,7 +22,8 @@ from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.embeddings_protocol import EmbeddingRequest
 from shared.engine_types import EngineStats
 from shared.errors import NotFoundError
-from shared.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+from shared.service_protocol import Model, ModelList
 
 # the open requests' errors say why it stopped (the exit code, the exception); the log has the rest
 ENGINE_DEAD = "the engine has stopped; the server must be restarted"

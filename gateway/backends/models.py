@@ -21,7 +21,8 @@ from gateway.upstream import Answered, AnyRequest, ChatAnswer
 from shared.embeddings_protocol import EmbeddingRequest
 from shared.engine_types import EngineStats, sum_tiers
 from shared.errors import CtxfuseError, NotFoundError
-from shared.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+from shared.service_protocol import Model, ModelList
 
 JSON = "application/json"
 

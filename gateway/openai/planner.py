@@ -37,14 +37,8 @@ from gateway.upstream import CHAT_PATH, COMPLETIONS_PATH, Answered, AnyRequest, 
 from shared.disconnect import cancel_on_disconnect
 from shared.embeddings_protocol import EMBEDDINGS_PATH, EmbeddingRequest
 from shared.errors import CtxfuseError, InvalidRequestError, QueueFullError
-from shared.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    DetokenizeResponse,
-    TokenizeRequest,
-    TokenizeResponse,
-)
+from shared.protocol import ChatCompletionRequest, CompletionRequest
+from shared.service_protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 JSON = "application/json"
 CheckModel = Callable[[str | None], None]

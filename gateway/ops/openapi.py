@@ -29,6 +29,10 @@ from shared.protocol import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+)
+from shared.responses_protocol import InputItemList, LifecycleEvent, ResponseDeleted, ResponsesRequest
+from shared.responses_protocol import Response as ResponseObject
+from shared.service_protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
@@ -38,8 +42,6 @@ from shared.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from shared.responses_protocol import InputItemList, LifecycleEvent, ResponseDeleted, ResponsesRequest
-from shared.responses_protocol import Response as ResponseObject
 
 _REF = "#/components/schemas/{name}"
 _JSON = "application/json"

@@ -10,7 +10,7 @@ from litestar import Request, Response, get
 from gateway.encoding import encode
 from gateway.ops.metrics import CONTENT_TYPE
 from gateway.state import Gateway
-from shared.protocol import Health
+from shared.service_protocol import Health
 
 JSON = "application/json"
 

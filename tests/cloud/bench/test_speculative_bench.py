@@ -8,7 +8,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from cloud.bench.speculative import SpecOptions, run, table
+from cloud.bench.speculative import SpecOptions, run
+from cloud.bench.speculative_report import table
 
 
 def test_a_tiny_speculative_run_gives_identical_greedy_answers(loaded_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
