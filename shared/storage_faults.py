@@ -131,32 +131,24 @@ def fault_from(exc: BaseException, store: str, path: Path) -> StorageFault | Non
     kind = kind_of(exc)
     if kind is None:
         return None
-    if kind == "failing" and _read_only(path):  # SQLite's "unable to open" in a directory it cannot write
-        kind = "read_only"
-    elif kind == "failing" and _no_room(path):  # e.g. WAL's index file (-shm) on a full disk
-        kind = "full"
+    if kind == "failing":
+        kind = _failing_as(path)
     fault = StorageFault(store, path, kind, str(exc))
     FAULTS.record(fault)
     return fault
 
 
-def _read_only(path: Path) -> bool:
-    """Whether the directory holding `path` (or `path`, a directory) cannot be written by this process."""
+def _failing_as(path: Path) -> Kind:
+    """What an I/O error at `path` is once its directory is looked at: read-only (SQLite's "unable to
+    open" where it cannot write), full (less than a page left: SQLite cannot size its -shm file), or
+    failing indeed."""
     directory = path if path.is_dir() else path.parent
     try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY) or not os.access(directory, os.W_OK)
+        if os.statvfs(directory).f_flag & os.ST_RDONLY or not os.access(directory, os.W_OK):
+            return "read_only"
+        return "full" if shutil.disk_usage(directory).free < 4096 else "failing"
     except OSError:
-        return False
-
-
-def _no_room(path: Path) -> bool:
-    """Whether the disk holding `path` has less than a page left (what SQLite reports as an I/O error
-    when it cannot size its -shm file)."""
-    directory = path if path.is_dir() else path.parent
-    try:
-        return shutil.disk_usage(directory).free < 4096
-    except OSError:
-        return False
+        return "failing"
 
 
 @contextmanager
