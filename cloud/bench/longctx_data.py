@@ -60,6 +60,8 @@ class Case:
     subject: str | None  # needle: the "adjective-noun" the question names; passkey: None
     prompt_ids: tuple[int, ...]
     needle_depth: float  # measured: haystack tokens before the needle / haystack tokens (0 .. 1)
+    # where the needle's tokens lie in prompt_ids: [start, end), for diagnostics that follow it
+    needle_span: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +215,22 @@ def make_case(spec: CaseSpec, enc: Encoder, answer_tokens: int, seed: int) -> Ca
     before = enc.count(" ".join(hay.words[:at]))
     total = enc.count(" ".join(hay.closed(k)))
     depth = before / total if total else spec.depth / 100
-    return Case(spec, key, subject, tuple(ids), min(depth, 1.0))
+    span = find_span(ids, enc, wording.needle)
+    return Case(spec, key, subject, tuple(ids), min(depth, 1.0), span)
+
+
+def find_span(ids: list[int], enc: Encoder, text: str) -> tuple[int, int]:
+    """[start, end) of `text`'s tokens inside `ids`, where it stands after a space or a newline. The
+    token at the seam may differ from `text` tokenized alone; the rest cannot (byte-level BPE never
+    merges across a space), so the match is on the rest and the seam's token is taken with it."""
+    for form in (f" {text}", text):
+        part = enc.tokenizer.encode(form, add_special=False)
+        for skip in (0, 1):
+            want = part[skip:]
+            for start in range(len(ids) - len(want) + 1):
+                if ids[start : start + len(want)] == want:
+                    return max(0, start - skip), start + len(want)
+    raise ValueError(f"{text!r} is not in the prompt")
 
 
 def _normalised(text: str) -> str:

@@ -117,3 +117,13 @@ def test_scoring_finds_the_key_digits_in_the_answer(enc: Encoder) -> None:
     assert not is_correct(case, "I do not know.")
     assert answer_number(f" {k[:2]},{k[2:]} and 42") == k
     assert answer_number(" none") is None
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_needle_span_holds_the_needle_and_its_key(enc: Encoder, task: Task) -> None:
+    for depth in (0, 50, 100):
+        case = make_case(CaseSpec(task, 2048, depth), enc, ANSWER_TOKENS, seed=0)
+        start, end = case.needle_span
+        text = _text(enc, case.prompt_ids[start:end])
+        assert case.key in text and 5 <= end - start <= 40, (depth, text)
+        assert case.key not in _text(enc, case.prompt_ids[:start] + case.prompt_ids[end:])
