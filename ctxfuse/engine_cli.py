@@ -205,6 +205,26 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="keep the fewest selected blocks whose estimated attention mass reaches p (default off)",
     )
     g.add_argument(
+        "--sparse-select",
+        choices=("group", "head"),
+        default=s.select,
+        help="rank a KV head's blocks by the best bound over its query heads (group) or by each query "
+        f"head's own bound order (head) ({s.select})",
+    )
+    g.add_argument(
+        "--sparse-retrieval-heads",
+        default=None,
+        metavar="FILE",
+        help="a head calibration (`ctxfuse bench longctx --configs sparse-eighth-duo` writes heads.json): "
+        "KV heads that retrieve attend densely, the rest sparsely (DuoAttention's split; default none)",
+    )
+    g.add_argument(
+        "--sparse-retrieval-threshold",
+        type=float,
+        default=s.retrieval_threshold,
+        help=f"mean needle attention mass that makes a head a retrieval head ({s.retrieval_threshold:g})",
+    )
+    g.add_argument(
         "--max-num-seqs",
         type=int,
         default=d.max_num_seqs,
@@ -339,6 +359,9 @@ def _engine_config(args: argparse.Namespace, spec: ModelSpec | None) -> EngineCo
             args.sparse_budget,
             args.sparse_dense_layers,
             args.sparse_top_p,
+            args.sparse_select,
+            args.sparse_retrieval_heads,
+            args.sparse_retrieval_threshold,
         ),
         kv_dtype=args.kv_dtype,
         kv_prune_budget=args.kv_prune_budget,

@@ -1,18 +1,21 @@
 """Accuracy heatmaps in the style of the needle-in-a-haystack charts: context length across, needle
-depth down (0% at the top), red (0) to green (1), each cell annotated; one panel per task.
+depth down (0% at the top), red (0) to green (1), each cell annotated; one panel per task, in rows
+of at most PANELS_PER_ROW.
 
 Rendered with matplotlib's Agg canvas on a bare `Figure` (no pyplot: no global state, no display).
-The PNG is exactly PANEL_INCHES x DPI per panel, since nothing trims it (no bbox_inches="tight").
+The PNG is exactly PANEL_INCHES x DPI per panel slot, since nothing trims it (no bbox_inches="tight").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 PANEL_INCHES = (5.0, 4.0)  # width, height of one panel
 DPI = 100
+PANELS_PER_ROW = 4  # more tasks wrap to another row: a strip of seven panels is too wide to read
 MISSING = "n/a"  # a cell with no finished case
 
 
@@ -28,9 +31,15 @@ class HeatmapPanel:
             raise ValueError(f"values must be {len(self.rows)} rows of {len(self.columns)}")
 
 
+def _slots(panels: int) -> tuple[int, int]:
+    """(columns, rows) of panel slots."""
+    return min(panels, PANELS_PER_ROW), math.ceil(panels / PANELS_PER_ROW)
+
+
 def size_px(panels: int) -> tuple[int, int]:
     """(width, height) of the PNG for this many panels."""
-    return round(PANEL_INCHES[0] * panels * DPI), round(PANEL_INCHES[1] * DPI)
+    cols, rows = _slots(panels)
+    return round(PANEL_INCHES[0] * cols * DPI), round(PANEL_INCHES[1] * rows * DPI)
 
 
 def render_heatmap(path: Path, title: str, panels: Sequence[HeatmapPanel]) -> None:
@@ -41,10 +50,14 @@ def render_heatmap(path: Path, title: str, panels: Sequence[HeatmapPanel]) -> No
 
     if not panels:
         raise ValueError("a heatmap needs at least one panel")
-    fig = Figure(figsize=(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1]), dpi=DPI, layout="constrained")
+    cols, rows = _slots(len(panels))
+    fig = Figure(figsize=(PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    slots = list(fig.subplots(rows, cols, squeeze=False).flat)
+    for ax in slots[len(panels) :]:  # the last row's empty slots
+        ax.remove()
+    axes = slots[: len(panels)]
     images = []
     for ax, p in zip(axes, panels, strict=True):
         grid = np.array([[np.nan if v is None else v for v in row] for row in p.values], dtype=float)
@@ -58,6 +71,6 @@ def render_heatmap(path: Path, title: str, panels: Sequence[HeatmapPanel]) -> No
             label = MISSING if np.isnan(v) else f"{v:.0%}"
             dark = not np.isnan(v) and not 0.15 < v < 0.85  # the colour map's ends are dark
             ax.text(j, i, label, ha="center", va="center", fontsize=9, color="white" if dark else "black")
-    fig.colorbar(images[0], ax=list(axes), label="retrieval accuracy")  # one scale, 0 .. 1, for all
+    fig.colorbar(images[0], ax=axes, label="retrieval accuracy")  # one scale, 0 .. 1, for all
     fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=DPI)

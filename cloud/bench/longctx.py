@@ -1,7 +1,8 @@
-"""`ctxfuse bench longctx`: passkey and needle-in-a-haystack retrieval across context lengths and
-needle depths, for several engine configurations (dense, sparse attention, quantized KV cache, and
-dense without YaRN), with prefill, decode, decode-attention time, KV bytes per token and peak RSS
-beside accuracy, and every figure's ratio to dense measured in the same run.
+"""`ctxfuse bench longctx`: passkey and needle-in-a-haystack retrieval (and, when asked for, RULER's
+harder families and a NoLiMa-style task) across context lengths and needle depths, for several engine
+configurations (dense, sparse attention, quantized KV cache, and dense without YaRN), with prefill,
+decode, decode-attention time, KV bytes per token and peak RSS beside accuracy, RULER's effective
+length per task, and every figure's ratio to dense measured in the same run.
 
 This module is the command line (`add_longctx_parser` for `ctxfuse bench`, `main` for
 `python -m cloud.bench.longctx`) and the worker processes' entry point (`--worker SPEC`, hidden).
@@ -22,14 +23,24 @@ import msgspec
 from cloud.engine.config import DTYPES
 from cloud.model.formats import WEIGHT_QUANTS
 
-from .longctx_configs import CONFIGS, DEFAULT_NATIVE_CONTEXT, DEFAULT_YARN_FACTOR, REFERENCE, Grid
-from .longctx_data import TASKS
+from .longctx_configs import ABLATIONS, CONFIGS, DEFAULT_NATIVE_CONTEXT, DEFAULT_YARN_FACTOR, REFERENCE, Grid
+from .longctx_data import TASKS, Task
 from .longctx_results import WorkerLine, WorkerSpec
+from .longctx_ruler import CWE_ANSWER_TOKENS, MULTIVALUE_ANSWER_TOKENS, VARTRACK_ANSWER_TOKENS
 from .longctx_run import LongCtxOptions, Report, run
 
 QUICK_GRID = Grid(("passkey",), (2048, 4096), (0, 50, 100))
-DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c != "dense-allkv")
-FULL_GRID = Grid(TASKS, (2048, 4096, 8192, 16384, 32768), (0, 25, 50, 75, 100))
+DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c != "dense-allkv" and c not in ABLATIONS)
+# the tasks of earlier runs, so that a run without --tasks stays comparable with them; the others
+# (longer answers, so slower) run when named
+DEFAULT_TASKS: tuple[Task, ...] = ("passkey", "needle")
+FULL_GRID = Grid(DEFAULT_TASKS, (2048, 4096, 8192, 16384, 32768), (0, 25, 50, 75, 100))
+TASK_HELP = (
+    "passkey (a key in repeated filler), needle (a magic number in varied prose), multikey (the "
+    "number of one of four subjects), multivalue (all four numbers of one subject), vartrack (every "
+    "variable of a chain of assignments), cwe (the ten most common words of a list; depth only varies "
+    "the list), nolima (a character found through a landmark the question does not name)"
+)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -66,12 +77,18 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--configs",
         type=_names(tuple(CONFIGS)),
         default=DEFAULT_CONFIGS,
-        help=f"configurations to compare (default all but dense-allkv: {','.join(DEFAULT_CONFIGS)}); "
+        help=f"configurations to compare (default all but dense-allkv and the selection ablations: "
+        f"{','.join(DEFAULT_CONFIGS)}; the ablations: {','.join(ABLATIONS)}); "
         f"{REFERENCE} always runs, first: it is the reference for agreement and ratios. dense-noyarn runs "
         "only the lengths above the native context up to twice it, with unscaled RoPE; dense-allkv (every "
         "layer keeps every token's KV) differs from dense only for a model with sliding-window layers",
     )
-    p.add_argument("--tasks", type=_names(TASKS), default=None, help="passkey,needle (default both)")
+    p.add_argument(
+        "--tasks",
+        type=_names(TASKS),
+        default=None,
+        help=f"comma-separated, of: {TASK_HELP} (default {','.join(DEFAULT_TASKS)})",
+    )
     p.add_argument(
         "--lengths",
         type=_ints,
@@ -85,12 +102,32 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         help=f"needle depths, percent of the haystack (default {','.join(map(str, full.depths))})",
     )
     p.add_argument("--samples", type=int, default=1, help="cases per (task, length, depth) cell (default 1)")
-    p.add_argument("--max-tokens", type=int, default=12, help="new tokens per answer, greedy (default 12)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=12,
+        help="new tokens per answer, greedy (default 12); multivalue, vartrack and cwe answer with a list "
+        f"and take at least {MULTIVALUE_ANSWER_TOKENS}, {VARTRACK_ANSWER_TOKENS} and {CWE_ANSWER_TOKENS}",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="keys, subjects and haystacks follow from it (default 0)"
     )
     p.add_argument(
         "--out", type=Path, default=Path("bench-results/longctx"), help="output folder (default %(default)s)"
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="follow each case's needle through sparse selection, per layer (rank, attended, mass kept): "
+        "probe-<config>.md beside results.json; timings leave the probe's own time out",
+    )
+    p.add_argument(
+        "--heads",
+        type=Path,
+        default=None,
+        help="the retrieval-head calibration the -duo configurations keep dense (`ctxfuse serve "
+        "--sparse-retrieval-heads`); made by the first configuration that needs it when missing "
+        "(default: heads.json in --out)",
     )
     p.add_argument(
         "--native-context",
@@ -150,6 +187,8 @@ def options(args: argparse.Namespace) -> LongCtxOptions:
         device=args.device,
         weight_quant=args.weight_quant,
         quick=args.quick,
+        probe=args.probe,
+        heads=args.heads or args.out / "heads.json",
     )
 
 
@@ -198,7 +237,12 @@ def cmd_longctx(args: argparse.Namespace) -> int:
         "heatmaps": [r.heatmap for r in report.configs.values() if r.heatmap],
         "status": {n: r.status for n, r in report.configs.items()},
         "summary": {
-            n: {"figures": s.figures, "vs_reference": s.vs_reference} for n, s in report.summary.items()
+            n: {
+                "figures": s.figures,
+                "vs_reference": s.vs_reference,
+                "effective_length": {t: e.length for t, e in s.effective_length.items()},
+            }
+            for n, s in report.summary.items()
         },
     }
     print(json.dumps(msgspec.to_builtins(brief), indent=2))
@@ -208,8 +252,8 @@ def cmd_longctx(args: argparse.Namespace) -> int:
 def add_longctx_parser(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = bench.add_parser(
         "longctx",
-        help="passkey / needle-in-a-haystack accuracy, speed and memory per engine configuration "
-        "(dense, sparse, int8/int4 KV, YaRN); writes JSON and heatmaps",
+        help="passkey / needle-in-a-haystack (and RULER, NoLiMa-style) accuracy, speed and memory per "
+        "engine configuration (dense, sparse, int8/int4 KV, YaRN); writes JSON and heatmaps",
     )
     _add_options(p)
     p.set_defaults(func=cmd_longctx)

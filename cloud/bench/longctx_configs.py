@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from cloud.engine.config import AttentionKind, EngineConfig, KVDType, OffloadDType, SparseConfig
 
@@ -24,6 +25,7 @@ from .longctx_data import CaseSpec, Task
 
 DEFAULT_NATIVE_CONTEXT = 8192  # SmolLM2-135M-Instruct's trained context
 DEFAULT_YARN_FACTOR = 4.0
+BUDGET_ROUNDING = 32  # a share-of-context budget in whole blocks of any KV layout (16 or 32 tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,13 @@ class LongCtxConfig:
     # each case runs twice, the second (scored) run takes every full prompt block from disk
     cold: OffloadDType | None = None
     hybrid: bool = True  # False: every layer keeps every token's KV, sliding-window layers included
+    # sparse attention's budget as a share of the case's length (one engine per length), not in tokens
+    budget_share: float | None = None
+    sparse_select: Literal["group", "head"] = "group"  # SparseConfig.select
+    dense_layers: int | None = None  # None: SparseConfig's default
+    top_p: float | None = None  # SparseConfig.top_p
+    # retrieval heads dense (DuoAttention's split), from a head calibration (longctx_calibrate.py)
+    retrieval: bool = False
 
 
 CONFIGS: dict[str, LongCtxConfig] = {
@@ -49,6 +58,16 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("int8", kv_dtype="int8"),
         LongCtxConfig("int4", kv_dtype="int4"),
         LongCtxConfig("sparse-1024-int4", attention="sparse", sparse_budget=1024, kv_dtype="int4"),
+        # the issue's budget: an eighth of the context, and what each change to the selection buys there
+        LongCtxConfig("sparse-eighth", attention="sparse", budget_share=1 / 8),
+        LongCtxConfig("sparse-eighth-head", attention="sparse", budget_share=1 / 8, sparse_select="head"),
+        LongCtxConfig("sparse-eighth-dense8", attention="sparse", budget_share=1 / 8, dense_layers=8),
+        LongCtxConfig("sparse-eighth-topp", attention="sparse", budget_share=1 / 8, top_p=0.95),
+        LongCtxConfig("sparse-eighth-int4", attention="sparse", budget_share=1 / 8, kv_dtype="int4"),
+        LongCtxConfig("sparse-eighth-duo", attention="sparse", budget_share=1 / 8, retrieval=True),
+        LongCtxConfig(
+            "sparse-eighth-duo-int4", attention="sparse", budget_share=1 / 8, retrieval=True, kv_dtype="int4"
+        ),
         LongCtxConfig("pruned-25", prune=0.25),
         LongCtxConfig("pruned-10", prune=0.10),
         LongCtxConfig("cold-int8", cold="int8"),
@@ -58,6 +77,8 @@ CONFIGS: dict[str, LongCtxConfig] = {
     )
 }
 REFERENCE = "dense"
+# one change each to the selection at a budget of an eighth of the context: run when asked for
+ABLATIONS = tuple(name for name in CONFIGS if name.startswith("sparse-eighth-"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +123,7 @@ def plan(config: LongCtxConfig, grid: Grid) -> list[EngineGroup]:
         # the context YaRN stretches the model to, as the issue has it (32768 for SmolLM2 x 4)
         scaled = max(int(native * grid.yarn_factor), long[-1])
         groups.append(EngineGroup(yarn, scaled, grid.specs(long)))
-    if config.prune is not None:  # the prune budget is per engine: one engine per length
+    if config.prune is not None or config.budget_share is not None:  # budgets per engine: one per length
         return [
             replace(g, specs=tuple(s for s in g.specs if s.length == n))
             for g in groups
@@ -113,7 +134,15 @@ def plan(config: LongCtxConfig, grid: Grid) -> list[EngineGroup]:
 
 def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup) -> EngineConfig:
     """The engine for one group, less its KV budget (sized once bytes per token are known)."""
-    sparse = SparseConfig() if config.sparse_budget is None else SparseConfig(budget=config.sparse_budget)
+    sparse = SparseConfig(select=config.sparse_select, top_p=config.top_p)
+    if config.dense_layers is not None:
+        sparse = replace(sparse, dense_layers=config.dense_layers)
+    if config.sparse_budget is not None:
+        sparse = replace(sparse, budget=config.sparse_budget)
+    elif config.budget_share is not None:  # whole blocks; never less than the sinks, the window and a block
+        share = int(config.budget_share * max(s.length for s in group.specs))
+        share -= share % BUDGET_ROUNDING
+        sparse = replace(sparse, budget=max(share, sparse.sinks + sparse.window + BUDGET_ROUNDING))
     prune = None if config.prune is None else int(config.prune * max(s.length for s in group.specs))
     chosen = replace(
         base,

@@ -1,13 +1,20 @@
-"""Long-context retrieval cases and their scoring: a passkey hidden in repeated filler, or a
-RULER-style magic number hidden in varied prose, at a chosen depth of a prompt of a chosen length.
+"""Long-context retrieval cases and their scoring, one task family each:
+- passkey: a passkey hidden in repeated filler; needle: a RULER-style magic number in varied prose;
+- multikey, multivalue, vartrack, cwe: RULER's harder families (longctx_ruler.py);
+- nolima: a needle that shares no word with its question (longctx_nolima.py).
 
 Invariants of `make_case`:
 - prompt tokens + answer tokens <= the case's length, and the prompt falls short of that by less than
-  one haystack word (a few tokens): lengths are measured with the engine's own chat encoding;
-- the needle sits at a sentence boundary, the one nearest `depth` percent of the haystack's tokens
-  (0: before the first sentence, 100: after the last); `Case.needle_depth` is the measured fraction;
+  one haystack unit (a word, or a list item: a few tokens): lengths are measured with the engine's own
+  chat encoding; the answer tokens are the run's, or the task's own where its answer needs more;
+- every needle sits at a sentence boundary, the one nearest its depth (0: before the first sentence,
+  100: after the last); the first needle, the one the question asks about, at the spec's depth, and
+  `Case.needle_depth` is its measured fraction;
 - a case is a pure function of its spec, the seed and the tokenizer: every engine configuration of
   a run sees the same token ids.
+
+Scoring: a case lists the items a correct answer holds (`answers`); `score` is the share of them the
+answer holds (0 where its first number is a distractor's), `is_correct` whether it holds them all.
 """
 
 from __future__ import annotations
@@ -16,16 +23,16 @@ import itertools
 import random
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from cloud.model.tokenizer import Tokenizer
+from .longctx_draft import Draft, Encoder, Match, Needle, sentence_haystack
+from .longctx_nolima import nolima
+from .longctx_ruler import cwe, multikey, multivalue, needle, vartrack
 
-from .longctx_words import ADJECTIVES, ADVERBS, NAMES, NOUNS, PLACES, TEMPLATES, TIMES, VERBS
-
-Task = Literal["passkey", "needle"]
-TASKS: tuple[Task, ...] = ("passkey", "needle")
+Task = Literal["passkey", "needle", "multikey", "multivalue", "vartrack", "cwe", "nolima"]
+TASKS: tuple[Task, ...] = ("passkey", "needle", "multikey", "multivalue", "vartrack", "cwe", "nolima")
 
 # The classic passkey filler (Mohtashami & Jaggi, "Landmark Attention"), one sentence per item.
 PASSKEY_FILLER = (
@@ -37,13 +44,14 @@ PASSKEY_FILLER = (
 )
 _DIGIT_GAP = re.compile(r"(?<=\d)[ ,](?=\d)")  # "68 220" or "68,220" still carries the key
 _NUMBER = re.compile(r"\d+")
+_WORD = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
 class CaseSpec:
     task: Task
     length: int  # total tokens: prompt plus the answer's new tokens
-    depth: int  # where the needle goes, percent of the haystack (0 .. 100)
+    depth: int  # where the needle goes, percent of the haystack (0 .. 100); cwe: only varies the list
     sample: int = 0  # several samples of one cell differ in key and haystack
 
     def __post_init__(self) -> None:
@@ -56,167 +64,86 @@ class CaseSpec:
 @dataclass(frozen=True, slots=True)
 class Case:
     spec: CaseSpec
-    key: str  # the digits a correct answer contains
-    subject: str | None  # needle: the "adjective-noun" the question names; passkey: None
+    key: str  # the expected answer as the records show it: the key's digits, or the items, comma-separated
+    subject: str | None  # what the question names: a subject, vartrack's value, nolima's place; else None
     prompt_ids: tuple[int, ...]
-    needle_depth: float  # measured: haystack tokens before the needle / haystack tokens (0 .. 1)
-    # where the needle's tokens lie in prompt_ids: [start, end), for diagnostics that follow it
+    # measured: haystack tokens before the needle / haystack tokens (0 .. 1); cwe, which has no needle:
+    # the requested depth / 100
+    needle_depth: float
+    answers: tuple[str, ...]  # the items a correct answer holds, every one
+    match: Match  # how an item is found in the answer
+    answer_tokens: int  # new tokens to generate: prompt_ids + these fit the spec's length
+    # where the needle's tokens lie in prompt_ids: [start, end), for diagnostics that follow it; the
+    # needle the question asks about ((0, 0) for cwe, which has none), then the other needles'
     needle_span: tuple[int, int] = (0, 0)
+    other_spans: tuple[tuple[int, int], ...] = ()
+    distractors: tuple[str, ...] = ()  # multikey: the other subjects' numbers
 
 
-@dataclass(frozen=True, slots=True)
-class Encoder:
-    """Text to token ids as the engine does it: its chat encoding (template with the generation
-    prompt) and its tokenizer (for the answer prefix and for counting)."""
-
-    encode_chat: Callable[[list[dict[str, object]]], list[int]]
-    tokenizer: Tokenizer
-
-    def prompt(self, user: str, answer_prefix: str) -> list[int]:
-        # the answer prefix opens the assistant's turn, as RULER does: a small model then only has
-        # to continue with the number
-        chat = self.encode_chat([{"role": "user", "content": user}])
-        return chat + self.tokenizer.encode(answer_prefix, add_special=False)
-
-    def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special=False))
-
-
-@dataclass(frozen=True, slots=True)
-class _Wording:
-    intro: str
-    needle: str
-    question: str
-    answer_prefix: str
-
-    def user(self, haystack: str) -> str:
-        return f"{self.intro}\n{haystack}\n{self.question}"
-
-
-@dataclass(slots=True)
-class _Haystack:
-    """Words of the haystack's sentences with their token costs (each with its leading space)."""
-
-    words: list[str]
-    prefix: list[int]  # prefix[i]: tokens of words[:i]
-    starts: list[int]  # word index where each sentence starts (starts[0] == 0)
-
-    def closed(self, k: int) -> list[str]:
-        """The first k words, ended as a sentence."""
-        words = self.words[:k]
-        if words and not words[-1].endswith((".", "!", "?")):
-            words[-1] = words[-1].rstrip(",;:") + "."  # cut mid-sentence: close it
-        return words
-
-    def text(self, k: int, at: int, needle: str) -> str:
-        """The first k words with the needle before word `at`."""
-        words = self.closed(k)
-        return " ".join([*words[:at], needle, *words[at:]])
-
-    def needle_at(self, k: int, depth: int) -> int:
-        """The sentence boundary within the first k words nearest depth% of their tokens."""
-        bounds = [s for s in self.starts if s < k] + [k]
-        want = self.prefix[k] * depth / 100
-        return min(bounds, key=lambda b: abs(self.prefix[b] - want))
-
-
-def _article(word: str) -> str:
-    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
-
-
-def _prose(rng: random.Random) -> Iterator[str]:
-    """Endless varied sentences: a random template filled with random words."""
-    while True:
-        adj, adj2 = rng.sample(ADJECTIVES, 2)
-        noun, noun2, noun3 = rng.sample(NOUNS, 3)
-        time = rng.choice(TIMES)
-        yield rng.choice(TEMPLATES).format(
-            adj=adj,
-            adj2=adj2,
-            noun=noun,
-            noun2=noun2,
-            verb=rng.choice(VERBS),
-            verb2=rng.choice(VERBS),
-            name=rng.choice(NAMES),
-            name2=rng.choice(NAMES),
-            place=rng.choice(PLACES),
-            time=time,
-            Time=time[0].upper() + time[1:],
-            adverb=rng.choice(ADVERBS),
-            a_adj=_article(adj),
-            a_noun=_article(noun3),
-        )
-
-
-def _task(task: Task, rng: random.Random) -> tuple[_Wording, str, str | None, Iterator[str]]:
-    """The wording, the key, the subject and the haystack's sentences of one case."""
-    if task == "passkey":
-        key = str(rng.randint(10_000, 99_999))
-        wording = _Wording(
-            "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-            "I will quiz you about the important information there.",
-            f"The pass key is {key}. Remember it. {key} is the pass key.",
-            "What is the pass key?",
-            "The pass key is",
-        )
-        return wording, key, None, itertools.cycle(PASSKEY_FILLER)
-    subject = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-    key = str(rng.randint(1_000_000, 9_999_999))
-    wording = _Wording(
-        "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
-        "I will quiz you about the numbers afterwards.",
-        f"One of the special magic numbers for {subject} is: {key}.",
-        f"What is the special magic number for {subject} mentioned in the provided text?",
-        f"The special magic number for {subject} mentioned in the provided text is",
+def _passkey(rng: random.Random, depth: int) -> Draft:
+    key = str(rng.randint(10_000, 99_999))
+    return Draft(
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+        "I will quiz you about the important information there.",
+        "What is the pass key?",
+        "The pass key is",
+        (Needle(f"The pass key is {key}. Remember it. {key} is the pass key.", depth),),
+        sentence_haystack(itertools.cycle(PASSKEY_FILLER)),
+        key,
+        None,
+        (key,),
     )
-    return wording, key, subject, _prose(rng)
 
 
-def _haystack(sentences: Iterator[str], enc: Encoder, tokens: int) -> _Haystack:
-    """Enough sentences for `tokens` haystack tokens and a sentence more."""
-    cost: dict[str, int] = {}
-    hay = _Haystack([], [0], [])
-    while hay.prefix[-1] <= tokens:
-        hay.starts.append(len(hay.words))
-        for w in next(sentences).split(" "):
-            # byte-level BPE never merges across a space, so a word's tokens with its leading space
-            # add up exactly inside the haystack; only the seams with the template may differ
-            n = cost.get(w)
-            if n is None:
-                n = cost[w] = enc.count(f" {w}")
-            hay.words.append(w)
-            hay.prefix.append(hay.prefix[-1] + n)
-    return hay
+# each task's draft from the case's random stream and the spec's depth
+_DRAFTS: dict[Task, Callable[[random.Random, int], Draft]] = {
+    "passkey": _passkey,
+    "needle": needle,
+    "multikey": multikey,
+    "multivalue": multivalue,
+    "vartrack": vartrack,
+    "cwe": cwe,
+    "nolima": nolima,
+}
 
 
 def make_case(spec: CaseSpec, enc: Encoder, answer_tokens: int, seed: int) -> Case:
-    """The case's prompt, fitted to spec.length - answer_tokens tokens. Raises ValueError when the
-    length leaves no room for a haystack."""
+    """The case's prompt, fitted to spec.length less its answer tokens: `answer_tokens`, or the task's
+    own where its answer needs more. Raises ValueError when the length leaves no room for a haystack."""
     rng = random.Random(f"longctx/{seed}/{spec.task}/{spec.length}/{spec.depth}/{spec.sample}")
-    wording, key, subject, sentences = _task(spec.task, rng)
+    draft = _DRAFTS[spec.task](rng, spec.depth)
+    answer_tokens = max(answer_tokens, draft.answer_tokens)
     target = spec.length - answer_tokens
-    base = len(enc.prompt(wording.user(wording.needle), wording.answer_prefix))
+    base = len(enc.prompt(draft.user(" ".join(n.text for n in draft.needles)), draft.answer_prefix))
     if base >= target:
         raise ValueError(f"{spec.length} tokens leave no room for a haystack ({base} + {answer_tokens})")
-    hay = _haystack(sentences, enc, target - base)
+    hay = draft.haystack(enc, target - base, draft.needles)
 
     def build(k: int) -> list[int]:
-        text = hay.text(k, hay.needle_at(k, spec.depth), wording.needle)
-        return enc.prompt(wording.user(text), wording.answer_prefix)
+        return enc.prompt(draft.user(hay.text(k)), draft.answer_prefix)
 
+    units = len(hay.prefix) - 1
     k = bisect_right(hay.prefix, target - base) - 1
     ids = build(k)
     while len(ids) > target and k > 0:  # the seams cost a token or two more than the sums say
         k -= 1
         ids = build(k)
-    while k + 1 < len(hay.words) and len(nxt := build(k + 1)) <= target:
+    while k + 1 < units and len(nxt := build(k + 1)) <= target:
         k, ids = k + 1, nxt
-    at = hay.needle_at(k, spec.depth)
-    before = enc.count(" ".join(hay.words[:at]))
-    total = enc.count(" ".join(hay.closed(k)))
-    depth = before / total if total else spec.depth / 100
-    span = find_span(ids, enc, wording.needle)
-    return Case(spec, key, subject, tuple(ids), min(depth, 1.0), span)
+    spans = [find_span(ids, enc, n.text) for n in draft.needles] or [(0, 0)]
+    return Case(
+        spec,
+        draft.key,
+        draft.subject,
+        tuple(ids),
+        hay.needle_depth(k, enc),
+        draft.answers,
+        draft.match,
+        answer_tokens,
+        spans[0],
+        tuple(spans[1:]),
+        draft.distractors,
+    )
 
 
 def find_span(ids: list[int], enc: Encoder, text: str) -> tuple[int, int]:
@@ -237,12 +164,40 @@ def _normalised(text: str) -> str:
     return _DIGIT_GAP.sub("", text)
 
 
+def _holds(answer: str, item: str, match: Match) -> bool:
+    if match == "digits":
+        return item in _normalised(answer)
+    return re.search(rf"\b{re.escape(item)}\b", answer, re.IGNORECASE) is not None
+
+
+def score(case: Case, answer: str) -> float:
+    """The share of the case's answer items the answer holds (RULER's string match: 1.0 or 0.0 where
+    one item is expected); 0.0 where the answer's first number is a distractor's (multikey)."""
+    first = answer_number(answer) or ""
+    # startswith: "9171218 2307796" reads as one number once its digit gaps are dropped
+    if any(first.startswith(d) for d in case.distractors):
+        return 0.0
+    return sum(_holds(answer, a, case.match) for a in case.answers) / len(case.answers)
+
+
 def is_correct(case: Case, answer: str) -> bool:
-    """Whether the answer contains the key's digits (RULER's string-match metric)."""
-    return case.key in _normalised(answer)
+    """Whether the answer holds every answer item (and does not open with a distractor's number)."""
+    return score(case, answer) == 1.0
 
 
 def answer_number(answer: str) -> str | None:
-    """The first number in the answer: what two configurations' answers are compared by."""
+    """The first number in the answer: what two configurations' passkey and needle answers are
+    compared by."""
     m = _NUMBER.search(_normalised(answer))
     return m.group() if m else None
+
+
+def answer_gist(case: Case, answer: str) -> str | None:
+    """What two configurations' answers are compared by: the first number where one number is asked
+    for (passkey, needle, multikey), every number in order where several are (multivalue), and the
+    answer's words, lower case, without punctuation, where words are (vartrack, cwe, nolima)."""
+    if case.match == "digits":
+        if len(case.answers) == 1:
+            return answer_number(answer)
+        return ",".join(_NUMBER.findall(_normalised(answer))) or None
+    return " ".join(_WORD.findall(answer.lower())) or None

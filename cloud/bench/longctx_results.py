@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from cloud.engine.attention.sparse_probe import LayerTrace
 from cloud.engine.config import DType
 from cloud.model.formats import WeightQuant
 
@@ -29,6 +30,8 @@ class WorkerSpec(msgspec.Struct, kw_only=True, frozen=True):
     dtype: DType
     weight_quant: WeightQuant
     device: str = "auto"
+    probe: bool = False  # follow the needle through sparse selection (sparse_probe.py)
+    heads: str | None = None  # the retrieval-head calibration file (made here where missing)
 
     def grid(self) -> Grid:
         return Grid(
@@ -50,8 +53,11 @@ class CaseResult(msgspec.Struct, kw_only=True, tag="case"):
     max_model_len: int = 0
     rope_scaling: dict[str, float | str] | None = None
     answer: str = ""  # the generated text up to the first end-of-sequence token
-    number: str | None = None  # the first number in the answer
-    correct: bool = False
+    # the answer's gist, compared between configurations (longctx_data.answer_gist): the first number
+    # for single-key tasks, every number for multivalue, the words for vartrack, cwe and nolima
+    number: str | None = None
+    score: float | None = None  # the share of the expected items the answer holds
+    correct: bool = False  # it holds them all
     prefill_s: float | None = None  # submission to first token
     prefill_attention_s: float | None = None  # of which inside the attention backend
     decode_tokens: int = 0  # tokens after the first (decode steps), end-of-sequence ignored
@@ -60,6 +66,8 @@ class CaseResult(msgspec.Struct, kw_only=True, tag="case"):
     kv_bytes_per_token: float | None = None
     kv_peak_mib: float | None = None  # the KV cache's most blocks in use during the case, in MiB
     error: str | None = None
+    # with --probe, a sparse configuration's view of the needle per sparse layer (sparse_probe.py)
+    trace: list[LayerTrace] | None = None
     # filled by the parent, against the reference configuration's record of the same case
     agrees_text: bool | None = None
     agrees_number: bool | None = None

@@ -24,6 +24,7 @@ from cloud.model.formats import WeightQuant
 
 from .heatmap import HeatmapPanel, render_heatmap
 from .longctx_configs import CONFIGS, REFERENCE, Grid, plan
+from .longctx_probe import probe_report
 from .longctx_results import CaseResult, EngineInfo, GroupFailed, WorkerLine, WorkerSpec
 from .longctx_summary import ConfigSummary, mark_agreement, summarise
 
@@ -44,6 +45,8 @@ class LongCtxOptions:
     # machine, picks differently per configuration: that would mix the weight path into the comparison
     weight_quant: WeightQuant = "none"
     quick: bool = False
+    probe: bool = False  # follow the needle through sparse selection (timings leave the probe out)
+    heads: Path | None = None  # the retrieval-head calibration (made where missing, by a worker)
 
 
 class ConfigRun(msgspec.Struct, kw_only=True):
@@ -63,6 +66,7 @@ class ConfigRun(msgspec.Struct, kw_only=True):
     load_average: tuple[float, float] | None = None
     log: str | None = None
     heatmap: str | None = None
+    probe: str | None = None  # the needle-through-selection table (--probe, sparse configurations)
 
 
 class RunMeta(msgspec.Struct, kw_only=True):
@@ -112,6 +116,8 @@ def _spec(opts: LongCtxOptions, name: str) -> WorkerSpec:
         dtype=opts.dtype,
         weight_quant=opts.weight_quant,
         device=opts.device,
+        probe=opts.probe,
+        heads=None if opts.heads is None else str(opts.heads),
     )
 
 
@@ -188,16 +194,18 @@ def _heatmap(opts: LongCtxOptions, run: ConfigRun, summary: ConfigSummary, model
         rows = tuple(tuple(by_length[n].get(d) for n in lengths) for d in opts.grid.depths)
         cols = tuple(_length_label(n, opts.grid, config.yarn) for n in lengths)
         panels.append(HeatmapPanel(task, cols, tuple(f"{d}%" for d in opts.grid.depths), rows))
-    attention = (
-        f"sparse attention, budget {config.sparse_budget}" if config.sparse_budget else "dense attention"
-    )
+    attention = "dense attention"
+    if config.sparse_budget is not None:
+        attention = f"sparse attention, budget {config.sparse_budget}"
+    elif config.budget_share is not None:
+        attention = f"sparse attention, budget 1/{round(1 / config.budget_share)} of the context"
     kv = EngineConfig(dtype=opts.dtype).run_dtype if config.kv_dtype == "auto" else config.kv_dtype
     acc = summary.figures.accuracy
     title = "\n".join(  # short lines: a one-panel figure is 5 inches wide
         (
             f"{run.name}: accuracy {'n/a' if acc is None else f'{acc:.0%}'}",
             f"{attention}, KV {kv}{'' if config.yarn else ', no RoPE scaling'}",
-            f"{model or 'default model'}, greedy, {opts.max_tokens} new tokens",
+            f"{model or 'default model'}, greedy, {opts.max_tokens}+ new tokens",
         )
     )
     path = opts.out / f"heatmap-{run.name}.png"
@@ -257,6 +265,10 @@ def run(opts: LongCtxOptions) -> Report:
     for name, s in summary.items():
         if s.figures.cases:
             runs[name].heatmap = str(_heatmap(opts, runs[name], s, meta.model))
+        if (table := probe_report(name, cases)) is not None:
+            path = opts.out / f"probe-{name}.md"
+            path.write_text(table)
+            runs[name].probe = str(path)
     meta.wall_s = round(time.perf_counter() - t0, 1)
     report = Report(meta=meta, configs=runs, summary=summary, cases=cases)
     (opts.out / "results.json").write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))

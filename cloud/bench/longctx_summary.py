@@ -1,10 +1,17 @@
 """The long-context benchmark's summary: per configuration its figures (accuracy, prefill, decode,
 decode attention, KV bytes per token, peak RSS), its agreement with the reference configuration's
-answers, its ratios to the reference, and the accuracy grid its heatmap draws.
+answers, its ratios to the reference, the accuracy grid its heatmap draws, and its effective length
+per task.
 
 Ratios and agreement are taken over matched cases only: the same cell (task, length, depth,
 sample) with the same prompt ids, run without error by both configurations; so a configuration that
 ran fewer cases is not flattered or penalised by the cases it skipped.
+
+Effective length (RULER's): the longest length L such that the configuration's accuracy at L and at
+every shorter length it ran reaches a threshold. RULER's threshold is absolute, Llama-2-7B's score at
+4K (85.6%); a 135M model is far below that anywhere, so here it is relative: EFFECTIVE_SHARE (85%) of
+the reference configuration's own accuracy on the task at the shortest length of at least
+EFFECTIVE_BASE (4096) tokens it has a score at, or at its shortest length if none is that long.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import msgspec
 from .longctx_results import CaseResult
 
 Cell = tuple[str, int, int, int]
+
+EFFECTIVE_SHARE = 0.85  # of the reference's accuracy at the base length: the effective length's threshold
+EFFECTIVE_BASE = 4096  # the threshold comes from the reference's shortest length at least this long
 
 
 class Figures(msgspec.Struct, kw_only=True):
@@ -57,6 +67,17 @@ class ConfigSummary(msgspec.Struct, kw_only=True):
     vs_reference: Ratios | None  # None when the reference did not run
     by_length: dict[int, LengthSummary]
     grid: dict[str, dict[int, dict[int, float | None]]]  # task -> length -> depth -> accuracy
+    effective_length: dict[str, EffectiveLength]  # task -> its effective length
+
+
+class EffectiveLength(msgspec.Struct, kw_only=True):
+    """One task's effective length. `length` is None where the configuration's shortest length
+    already falls below the threshold, or where there is no threshold: the reference has no score on
+    the task, or scored 0 (every accuracy would reach a threshold of 0)."""
+
+    threshold: float | None  # the accuracy every length up to the effective one reaches
+    base_length: int | None  # the reference's length the threshold is taken at
+    length: int | None
 
 
 def _r(x: float | None) -> float | None:
@@ -140,6 +161,34 @@ def _grid(cases: list[CaseResult]) -> dict[str, dict[int, dict[int, float | None
     }
 
 
+def _accuracy_by_length(cases: list[CaseResult], task: str) -> dict[int, float | None]:
+    """Length -> share of the task's finished cases answered correctly (None: none finished),
+    shortest first."""
+    hits: dict[int, list[float]] = {}
+    for c in cases:
+        if c.task == task:
+            at = hits.setdefault(c.length, [])
+            if c.error is None:
+                at.append(float(c.correct))
+    return {n: _mean(h) for n, h in sorted(hits.items())}
+
+
+def effective_length(mine: list[CaseResult], ref_cases: list[CaseResult], task: str) -> EffectiveLength:
+    """The task's effective length for the configuration whose cases are `mine`: its lengths are those
+    it has cases at, errors included (a length whose cases all failed has no accuracy: it falls short)."""
+    ref = {n: a for n, a in _accuracy_by_length(ref_cases, task).items() if a is not None}
+    base = next((n for n in ref if n >= EFFECTIVE_BASE), next(iter(ref), None))
+    if base is None or not ref[base]:
+        return EffectiveLength(threshold=None, base_length=base, length=None)
+    threshold = EFFECTIVE_SHARE * ref[base]
+    length = None
+    for n, acc in _accuracy_by_length(mine, task).items():
+        if acc is None or acc < threshold:
+            break
+        length = n
+    return EffectiveLength(threshold=_r(threshold), base_length=base, length=length)
+
+
 def summarise(
     cases: list[CaseResult], peaks: dict[str, float | None], reference: str
 ) -> dict[str, ConfigSummary]:
@@ -158,6 +207,13 @@ def summarise(
             vs = ratios(mine, ref)
             vs.peak_rss_mib = _ratio(peak, peaks.get(reference))
         out[name] = ConfigSummary(
-            figures=figures(mine), peak_rss_mib=peak, vs_reference=vs, by_length=by_length, grid=_grid(mine)
+            figures=figures(mine),
+            peak_rss_mib=peak,
+            vs_reference=vs,
+            by_length=by_length,
+            grid=_grid(mine),
+            effective_length={
+                t: effective_length(mine, ref_cases, t) for t in dict.fromkeys(c.task for c in mine)
+            },
         )
     return out

@@ -18,18 +18,22 @@ import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from cloud.engine.config import EngineConfig
+from cloud.engine.attention.sparse import SparseAttention
+from cloud.engine.attention.sparse_probe import SelectionProbe
+from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
 from cloud.engine.kv.layout import blocks_for_context
 from cloud.model.loading import LoadedModel, load_model
 from shared.engine_types import SamplingParams
 
+from .longctx_calibrate import calibrate_heads, describe
 from .longctx_configs import CONFIGS, EngineGroup, engine_config, plan
-from .longctx_data import Case, CaseSpec, Encoder, answer_number, is_correct, make_case
+from .longctx_data import Case, CaseSpec, Encoder, answer_gist, is_correct, make_case, score
 from .longctx_results import CaseResult, EngineInfo, GroupFailed, WorkerDone, WorkerLine, WorkerSpec
 
 PROBE_KV_GIB = 1 / 16  # a probe engine's KV budget: room for a block of any layout
@@ -97,7 +101,13 @@ def _prompt_crc(ids: tuple[int, ...]) -> int:
     return zlib.crc32(array("q", ids).tobytes())
 
 
-def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: int, rid: str) -> CaseResult:
+def _run_case(
+    core: EngineCore,
+    timed: TimedAttention,
+    case: Case,
+    rid: str,
+    probe: SelectionProbe | None = None,
+) -> CaseResult:
     s = case.spec
     r = CaseResult(
         config="",
@@ -114,10 +124,19 @@ def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: i
     )
     pool = core.pool
     pool.low_free = pool.num_free
-    # ignore_eos: every case decodes max_tokens tokens, so decode figures compare like with like;
+    # ignore_eos: every case decodes its answer tokens, so decode figures compare like with like;
     # the answer is cut at the first end-of-sequence token below
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=case.answer_tokens, temperature=0.0, ignore_eos=True)
     tokens: list[int] = []
+    if probe is not None:  # (a case without a needle, cwe's list, is measured for its mass kept only)
+        probe.begin(case.needle_span, len(case.prompt_ids))
+
+    def probed() -> float:  # the probe's seconds since the last call: left out of every timing
+        if probe is None:
+            return 0.0
+        s, probe.seconds = probe.seconds, 0.0
+        return s
+
     timed.take()
     t0 = time.perf_counter()
     core.add_request(rid, list(case.prompt_ids), params)
@@ -129,10 +148,14 @@ def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: i
             tokens.extend(o.token_ids)
         if tokens and t_first is None:
             t_first = time.perf_counter()
-            r.prefill_s, r.prefill_attention_s = t_first - t0, timed.take()
+            spent = probed()
+            r.prefill_s, r.prefill_attention_s = t_first - t0 - spent, timed.take() - spent
     if t_first is None:
         raise RuntimeError("the request finished without a token")
-    decode_s, decode_attention_s = time.perf_counter() - t_first, timed.take()
+    spent = probed()
+    decode_s, decode_attention_s = time.perf_counter() - t_first - spent, timed.take() - spent
+    if probe is not None:
+        r.trace = probe.finish()
     page_bytes = core.kv_plan.bytes_per_token * core.kv_plan.block_size
     r.kv_peak_mib = round((pool.num_blocks - pool.low_free) * page_bytes / 2**20, 2)
     r.decode_tokens = len(tokens) - 1
@@ -141,8 +164,8 @@ def _run_case(core: EngineCore, timed: TimedAttention, case: Case, max_tokens: i
         r.decode_attention_ms_per_token = 1e3 * decode_attention_s / r.decode_tokens
     end = next((i for i, t in enumerate(tokens) if t in core.tokenizer.eos_ids), len(tokens))
     r.answer = core.tokenizer.decode(tokens[:end])
-    r.number = answer_number(r.answer)
-    r.correct = is_correct(case, r.answer)
+    r.number = answer_gist(case, r.answer)
+    r.score, r.correct = score(case, r.answer), is_correct(case, r.answer)
     return r
 
 
@@ -160,17 +183,18 @@ def _run_group(
 ) -> None:
     timed = TimedAttention(core.runner.attention)
     core.runner.attention = timed
+    probe = _probe(core) if spec.probe else None
     enc = Encoder(core.encode_chat, core.tokenizer)
-    _run_case(core, timed, make_case(WARMUP, enc, spec.max_tokens, spec.seed), spec.max_tokens, "warmup")
+    _run_case(core, timed, make_case(WARMUP, enc, spec.max_tokens, spec.seed), "warmup")
     cold = CONFIGS[spec.config].cold is not None
     for i, cs in enumerate(group.specs):
         rid = f"case-{i}"
         try:
             case = make_case(cs, enc, spec.max_tokens, spec.seed)
             if cold:  # fill the disk tier, push the prompt's blocks out of the pool: the run below reads them
-                _run_case(core, timed, case, spec.max_tokens, f"{rid}-prime")
+                _run_case(core, timed, case, f"{rid}-prime")
                 _to_disk(core)
-            r = _run_case(core, timed, case, spec.max_tokens, rid)
+            r = _run_case(core, timed, case, rid, probe)
         except Exception as exc:  # one case failing is a result, not the end of the run
             core.abort(rid)
             r = CaseResult(config="", task=cs.task, length=cs.length, depth=cs.depth, sample=cs.sample)
@@ -178,6 +202,29 @@ def _run_group(
             _say(f"{cs}: {r.error}")
         r.config, r.max_model_len, r.rope_scaling = spec.config, group.max_model_len, group.rope_scaling
         emit(r)
+
+
+def _heads(spec: WorkerSpec, loaded: LoadedModel, base: EngineConfig) -> Path:
+    """The retrieval-head calibration file, made here when it does not exist yet."""
+    if spec.heads is None:
+        raise ValueError(f"{spec.config} keeps retrieval heads dense: it needs a head calibration file")
+    path = Path(spec.heads)
+    if not path.exists():
+        cal = calibrate_heads(loaded, base)
+        cal.save(path)
+        _say(f"head calibration written to {path}: {describe(cal, SparseConfig().retrieval_threshold)}")
+    return path
+
+
+def _probe(core: EngineCore) -> SelectionProbe | None:
+    """A probe on the engine's sparse attention (None: dense, nothing to follow)."""
+    attention = core.runner.attention
+    attention = attention.inner if isinstance(attention, TimedAttention) else attention
+    sparse = attention if isinstance(attention, SparseAttention) else getattr(attention, "sparse", None)
+    if not isinstance(sparse, SparseAttention):
+        return None
+    sparse.probe = SelectionProbe()
+    return sparse.probe
 
 
 def _peak_rss_mib() -> float:
@@ -197,6 +244,8 @@ def run_worker(spec: WorkerSpec, emit: Callable[[WorkerLine], None]) -> None:
     engines = []
     for group in plan(config, spec.grid()):
         cfg = engine_config(base, config, group)
+        if config.retrieval:
+            cfg = replace(cfg, sparse=replace(cfg.sparse, retrieval_heads=str(_heads(spec, loaded, base))))
         t0 = time.perf_counter()
         try:
             core = _engine(cfg, loaded)

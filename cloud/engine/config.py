@@ -40,6 +40,14 @@ class SparseConfig:
     budget: int = 2048  # tokens attended per query in all (sinks and window included)
     dense_layers: int = 2  # the first layers stay dense
     top_p: float | None = None  # keep the fewest selected blocks whose estimated mass reaches p
+    # how a KV head's blocks are ranked: "group", by the best bound over its query heads; "head", by
+    # each query head's own bound order (a block's best place in any of them): a head whose bounds
+    # run low is not outvoted by its group's
+    select: Literal["group", "head"] = "group"
+    # a head calibration (retrieval_heads.py): KV heads with a query head whose mean needle mass is at
+    # least retrieval_threshold attend densely, the rest sparsely
+    retrieval_heads: str | None = None
+    retrieval_threshold: float = 0.1
 
 
 LONG_PREFILL_TOKENS = 256  # the default cap; 12x faster first tokens for short prompts behind a long one

@@ -10,6 +10,7 @@ import torch
 
 from cloud.engine.attention.cpu import CpuKernelAttention
 from cloud.engine.attention.dense import AttentionBackend, DenseAttention
+from cloud.engine.attention.retrieval_heads import HeadCalibration
 from cloud.engine.attention.sparse import SparseAttention
 from cloud.engine.config import EngineConfig
 from cloud.model.config import ModelConfig
@@ -36,7 +37,11 @@ def make_attention(
     dense = DenseAttention(model.num_heads, model.num_kv_heads, model.head_dim, rope)
     backend: DenseAttention | SparseAttention = dense
     if config.attention == "sparse":
-        backend = SparseAttention(dense, config.sparse, block_size)
+        dense_heads = None
+        if (path := config.sparse.retrieval_heads) is not None:
+            cal = HeadCalibration.load(path, model.num_layers, model.num_heads, model.num_kv_heads)
+            dense_heads = cal.dense_kv_heads(config.sparse.retrieval_threshold).to(device)
+        backend = SparseAttention(dense, config.sparse, block_size, dense_heads)
     kernels = config.attention_kernels
     if use_triton(kernels, device):
         from cloud.engine.attention.gpu import TritonAttention  # defines kernels: only where they can run

@@ -74,7 +74,7 @@ class CpuKernelAttention(KernelAttention):
             or cache.dtype != torch.float32
             or q.dtype != torch.float32
             or seq.sink_shift
-            or (s is not None and self.sparse_layer(layer) and seq.start_pos > s.config.budget)
+            or (s is not None and s.sparse_prefill(layer, seq.start_pos))
         ):
             return False
         kc, vc = cache.blocks_view(layer)

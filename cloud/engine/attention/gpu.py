@@ -47,8 +47,10 @@ class TritonAttention(KernelAttention):
         if nd:
             out[:nd] = self._decode(layer, q[:nd], cache, meta, sparse)
         if meta.prefills:
-            budget = self.sparse.config.budget if self.sparse is not None else 0
-            past_budget = sparse and any(s.start_pos > budget for s in meta.prefills)
+            ref = self.sparse
+            past_budget = ref is not None and any(
+                ref.sparse_prefill(layer, p.start_pos) for p in meta.prefills
+            )
             if type(cache) is KVCache and meta.prefill_cu_q is not None and not past_budget:
                 self._prefill(layer, q[nd:], cache, meta, out[nd:])
             else:
@@ -89,7 +91,10 @@ class TritonAttention(KernelAttention):
         kc, vc = cache.blocks_view(layer)
         if not sparse or self.sparse is None:
             return paged_decode(q, kc, vc, tables, lens, scale)
-        if self.sparse.config.top_p is not None:
+        c = self.sparse.config
+        if c.top_p is not None or c.select != "group" or self.sparse.dense_heads is not None:
+            # the Triton selection ranks by the group's bound, a fixed count for every head: the reference
+            # otherwise
             return self._reference_decode(layer, q, cache, meta)
         s = self.sparse
         kmin, kmax = cache.key_bounds(layer)

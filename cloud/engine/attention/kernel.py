@@ -33,7 +33,7 @@ class KernelAttention:
     ) -> torch.Tensor:
         """One chunk as the reference computes it: q: [n, heads, d]; k, v: [n, kv_heads, d]."""
         s = self.sparse
-        if s is not None and self.sparse_layer(layer) and seq.start_pos > s.config.budget:
+        if s is not None and s.sparse_prefill(layer, seq.start_pos):
             return s._prefill(layer, q, k, v, cache, seq, meta.sink_tokens)
         return self.dense.prefill(layer, q, k, v, cache, seq, meta.sink_tokens)
 

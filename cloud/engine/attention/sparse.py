@@ -29,6 +29,7 @@ from cloud.engine.attention.dense import (
     context,
     shift_sinks,
 )
+from cloud.engine.attention.sparse_probe import SelectionProbe
 from cloud.engine.config import SparseConfig
 from shared.errors import InvalidRequestError
 
@@ -36,13 +37,25 @@ OBSERVED_QUERIES = 64  # a prefill chunk's last queries that choose its far bloc
 
 
 class SparseAttention:
-    def __init__(self, dense: DenseAttention, config: SparseConfig, block_size: int) -> None:
+    def __init__(
+        self,
+        dense: DenseAttention,
+        config: SparseConfig,
+        block_size: int,
+        dense_heads: torch.Tensor | None = None,
+    ) -> None:
         self.dense = dense
         self.config = config
         self.block_size = block_size
         self.sink_blocks = -(-config.sinks // block_size)
         self.window_blocks = -(-config.window // block_size)
         self.top_blocks = config.budget // block_size - self.sink_blocks - self.window_blocks
+        self.probe: SelectionProbe | None = None  # a diagnostic (`bench longctx --probe`), never served
+        # [layers, kv_heads] bool: retrieval heads (retrieval_heads.py), attended densely; a layer with
+        # one prefills densely (a flash call takes one key set for all heads)
+        self.dense_heads = dense_heads
+        with_dense = [] if dense_heads is None else dense_heads.any(-1).nonzero()[:, 0].tolist()
+        self.dense_prefill = set(with_dense)
         if self.top_blocks < 0:
             raise InvalidRequestError(
                 f"the sparse budget ({config.budget} tokens) must cover the sinks ({config.sinks}) "
@@ -65,11 +78,20 @@ class SparseAttention:
             out[: meta.num_decode] = self._decode(layer, q[: meta.num_decode], cache, meta)
         for seq in meta.prefills:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)
-            if seq.start_pos <= self.config.budget:
+            if not self.sparse_prefill(layer, seq.start_pos):
                 out[rows] = self.dense.prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta.sink_tokens)
             else:
                 out[rows] = self._prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta.sink_tokens)
         return out
+
+    def sparse_prefill(self, layer: int, start_pos: int) -> bool:
+        """Whether a prefill chunk after `start_pos` cached tokens attends sparsely at `layer`: past the
+        budget, past the dense layers, in a layer without retrieval heads. Every backend asks this."""
+        return (
+            start_pos > self.config.budget
+            and layer >= self.config.dense_layers
+            and layer not in self.dense_prefill
+        )
 
     # -- decode -----------------------------------------------------------------------------
 
@@ -141,12 +163,11 @@ class SparseAttention:
         window_start = (nblk - self.window_blocks)[:, None]  # [r, 1]
         middle = (j >= self.sink_blocks) & (j[None, :] < window_start)  # [r, nb]
         qg = q.view(r, kvh, g, d)
-        score = self._bounds(layer, cache, qg, tables)  # [r, kvh, nb]
-        score = score.masked_fill(~middle[:, None, :], -torch.inf)
-        top = score.topk(min(self.top_blocks, nb), dim=-1)  # [r, kvh, k]
+        bound, key = self._scored(layer, cache, qg, tables, ~middle[:, None, :])  # [r, kvh, nb]
+        top = key.topk(min(self.top_blocks, nb), dim=-1)  # [r, kvh, k]
         chosen = top.values > -torch.inf  # rows with fewer middle blocks than k pick padding
         if self.config.top_p is not None:
-            chosen &= self._within_top_p(top.values)
+            chosen &= self._within_top_p(bound.gather(-1, top.indices))
         sinks = j[: self.sink_blocks].expand(r, kvh, -1)
         window = (window_start + torch.arange(self.window_blocks, device=dev)).unsqueeze(1).expand(r, kvh, -1)
         sel = torch.cat([sinks, top.indices, window], dim=-1)  # [r, kvh, n] block positions
@@ -154,25 +175,64 @@ class SparseAttention:
             [torch.ones_like(sinks, dtype=torch.bool), chosen, torch.ones_like(window, dtype=torch.bool)], -1
         )
         sel, order = sel.sort(dim=-1)  # context order, as dense reads it
-        return sel, keep.gather(-1, order)
+        keep = keep.gather(-1, order)
+        if layer in self.dense_prefill and self.dense_heads is not None:  # retrieval heads take every block
+            dense = self.dense_heads[layer].view(1, kvh, 1)
+            pad = nb - sel.shape[-1]
+            if pad > 0:  # the sparse heads' rows, widened with dropped entries
+                sel = torch.cat([sel, sel[..., -1:].expand(r, kvh, pad)], dim=-1)
+                keep = torch.cat([keep, torch.zeros_like(keep[..., :1]).expand(r, kvh, pad)], dim=-1)
+            every = j[: sel.shape[-1]].expand(r, kvh, -1)
+            live = every < nblk.view(r, 1, 1)
+            sel, keep = torch.where(dense, every, sel), torch.where(dense, live, keep)
+        if self.probe is not None:
+            self.probe.decode(self, layer, q, cache, tables, lens, sel, keep, key)
+        return sel, keep
 
-    def _bounds(self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    def _bounds(
+        self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor, heads: int = 0
+    ) -> torch.Tensor:
         """Quest upper bounds. qg: [..., kvh, m, d] queries by KV head; tables: [..., nb] block ids
-        -> [..., kvh, nb]: per block, the best bound over the m queries."""
+        -> [..., kvh, nb]: per block, the best bound over the m queries. With `heads`, the m rows are
+        that many query heads' runs of queries, each bounded apart: -> [..., kvh, heads, nb]."""
         kmin, kmax = cache.key_bounds(layer)  # [kvh, blocks, d]
         bmin = kmin[:, tables].movedim(0, -3).float()  # [..., kvh, nb, d]
         bmax = kmax[:, tables].movedim(0, -3).float()
         qf = qg.float()
+        if heads:
+            qf, bmin, bmax = qf.unflatten(-2, (heads, -1)), bmin.unsqueeze(-3), bmax.unsqueeze(-3)
         ub = qf.clamp(min=0) @ bmax.transpose(-1, -2) + qf.clamp(max=0) @ bmin.transpose(-1, -2)
         return ub.amax(-2)
 
+    def _scored(
+        self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor, drop: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's bound of each block and the key selection ranks it by, [..., kvh, nb], -inf
+        where `drop`. qg: [..., kvh, g * m, d], each query head's m queries in a run. By group, the
+        key is the bound; by head, it is the block's best place in any query head's own bound order
+        (its negated rank), so each head's likeliest blocks come first whatever its bounds' scale."""
+        if self.config.select == "group":
+            bound = self._bounds(layer, cache, qg, tables)
+            bound = bound if drop is None else bound.masked_fill(drop, -torch.inf)
+            return bound, bound
+        per_head = self._bounds(layer, cache, qg, tables, heads=self.dense.group)  # [..., kvh, g, nb]
+        if drop is not None:
+            per_head = per_head.masked_fill(drop.unsqueeze(-2), -torch.inf)
+        order = per_head.argsort(dim=-1, descending=True)
+        places = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(-1, order, places).amin(-2)  # [..., kvh, nb]
+        bound = per_head.amax(-2)
+        key = (-rank).to(bound.dtype).masked_fill(bound == -torch.inf, -torch.inf)
+        return bound, key
+
     def _within_top_p(self, scores: torch.Tensor) -> torch.Tensor:
-        """scores: [..., k] bounds, best first -> the fewest leading blocks whose estimated share of
+        """scores: [..., k] bounds -> the fewest blocks, highest bound first, whose estimated share of
         attention (softmax of the scaled bounds) reaches top_p."""
         p = self.config.top_p or 1.0
-        w = torch.softmax(scores * self.dense.scale, dim=-1).nan_to_num(0.0)
-        before = w.cumsum(-1) - w
-        return before < p
+        ordered, order = scores.sort(dim=-1, descending=True)
+        w = torch.softmax(ordered * self.dense.scale, dim=-1).nan_to_num(0.0)
+        within = (w.cumsum(-1) - w) < p
+        return torch.empty_like(within).scatter_(-1, order, within)
 
     # -- prefill ----------------------------------------------------------------------------
 
@@ -194,15 +254,18 @@ class SparseAttention:
         sinks = min(self.sink_blocks, near)
         far = torch.arange(sinks, device=table.device).expand(kvh, -1)  # [kvh, sinks] block positions
         top = min(self.top_blocks, near - sinks)
+        score = None
         if top > 0:
             obs = q[-OBSERVED_QUERIES:].transpose(0, 1)  # [heads, m, d]
             qg = obs.reshape(kvh, g * obs.shape[1], d)
-            score = self._bounds(layer, cache, qg, table[sinks:near])  # [kvh, near - sinks]
+            bound, score = self._scored(layer, cache, qg, table[sinks:near], None)  # [kvh, near - sinks]
             best = score.topk(top, dim=-1)
             if self.config.top_p is not None:  # one count for all heads: no mask in the flash call
-                top = int(self._within_top_p(best.values).sum(-1).max())
+                top = int(self._within_top_p(bound.gather(-1, best.indices)).sum(-1).max())
             picked = best.indices[:, :top].sort(dim=-1).values + sinks
             far = torch.cat([far, picked], dim=-1)
+        if self.probe is not None:
+            self.probe.prefill(self, layer, q, k, cache, table, start, far, near, score)
         kr, vr = context(cache, layer, table, near * bs, start)  # [1, kvh, start - near * bs, d]
         if far.shape[1]:
             kf, vf = cache.gather_per_head(layer, table[far])  # [kvh, far * bs, d]

@@ -11,12 +11,16 @@ import msgspec
 import pytest
 import torch
 
+from cloud.bench.heatmap import HeatmapPanel, render_heatmap, size_px
 from cloud.bench.longctx import FULL_GRID, QUICK_GRID, add_longctx_parser, options
-from cloud.bench.longctx_configs import CONFIGS, Grid, engine_config, plan
+from cloud.bench.longctx_configs import ABLATIONS, CONFIGS, Grid, engine_config, plan
+from cloud.bench.longctx_data import TASKS, Task
+from cloud.bench.longctx_probe import probe_report
 from cloud.bench.longctx_results import CaseResult
 from cloud.bench.longctx_run import LongCtxOptions, Report, run
-from cloud.bench.longctx_summary import mark_agreement, summarise
+from cloud.bench.longctx_summary import EffectiveLength, effective_length, mark_agreement, summarise
 from cloud.bench.longctx_worker import TimedAttention
+from cloud.engine.attention.sparse_probe import LayerTrace
 from cloud.engine.config import EngineConfig
 
 
@@ -60,6 +64,18 @@ def test_a_pruned_configuration_runs_one_engine_per_length_with_its_share_as_bud
     assert engine_config(EngineConfig(), CONFIGS["dense"], groups[0]).kv_prune_budget is None
 
 
+def test_an_eighth_of_the_context_is_each_lengths_own_sparse_budget() -> None:
+    groups = plan(CONFIGS["sparse-eighth-duo"], FULL_GRID)
+    sparse = [engine_config(EngineConfig(), CONFIGS["sparse-eighth-duo"], g).sparse for g in groups]
+    # 2K's eighth (256) cannot hold the sinks (64) and the window (256): the least budget that can
+    assert [s.budget for s in sparse] == [352, 512, 1024, 2048, 4096]
+    assert {(s.select, s.dense_layers) for s in sparse} == {("group", 2)}
+    head = engine_config(EngineConfig(), CONFIGS["sparse-eighth-head"], groups[2]).sparse
+    dense8 = engine_config(EngineConfig(), CONFIGS["sparse-eighth-dense8"], groups[2]).sparse
+    assert (head.select, head.budget, dense8.dense_layers, dense8.budget) == ("head", 1024, 8, 1024)
+    assert CONFIGS["sparse-eighth-duo"].retrieval and not CONFIGS["sparse-eighth"].retrieval
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_longctx_parser(parser.add_subparsers(dest="bench_command"))
@@ -75,7 +91,9 @@ def test_quick_sets_the_small_grid_and_explicit_options_win() -> None:
         (0, 50, 100),
         ("passkey",),
     )
-    assert opts.configs == tuple(c for c in CONFIGS if c != "dense-allkv")  # dense for most models
+    # dense-allkv is dense for most models; the selection ablations run when asked for
+    assert opts.configs == tuple(c for c in CONFIGS if c != "dense-allkv" and c not in ABLATIONS)
+    assert "sparse-eighth-duo" in ABLATIONS and "sparse-1024" in opts.configs
     opts = options(_parse("--quick", "--lengths", "4K,2048", "--configs", "int4,sparse-1024"))
     assert opts.grid.lengths == (2048, 4096)
     assert opts.configs == ("dense", "int4", "sparse-1024")  # the reference always runs, first
@@ -123,6 +141,73 @@ def test_summary_compares_with_the_reference_on_matched_cases_only() -> None:
     assert s["dense"].vs_reference is not None and s["dense"].vs_reference.prefill_s == 1.0
 
 
+def _scored(config: str, length: int, hits: int, of: int = 10, task: Task = "needle") -> list[CaseResult]:
+    """`of` cases of one task and length, the first `hits` of them correct."""
+    return [
+        CaseResult(config=config, task=task, length=length, depth=d, sample=0, correct=d < hits)
+        for d in range(of)
+    ]
+
+
+def test_effective_length_is_the_longest_length_up_to_which_accuracy_holds_the_threshold() -> None:
+    ref = _scored("dense", 2048, 10) + _scored("dense", 4096, 10) + _scored("dense", 8192, 10)
+    # 85% of the reference's 100% at 4K: 90% holds, 50% at 8K does not
+    sparse = _scored("sparse", 2048, 10) + _scored("sparse", 4096, 9) + _scored("sparse", 8192, 5)
+    assert effective_length(sparse, ref, "needle") == EffectiveLength(
+        threshold=0.85, base_length=4096, length=4096
+    )
+    assert effective_length(ref, ref, "needle").length == 8192
+    never = _scored("int4", 2048, 8) + _scored("int4", 4096, 10) + _scored("int4", 8192, 10)
+    assert effective_length(never, ref, "needle").length is None  # 80% at the shortest length already
+    # a length whose cases all failed falls short, though a longer one holds
+    failed = [CaseResult(config="cold", task="needle", length=4096, depth=0, sample=0, error="boom")]
+    cold = _scored("cold", 2048, 10) + failed + _scored("cold", 8192, 10)
+    assert effective_length(cold, ref, "needle").length == 2048
+
+
+def test_the_threshold_is_a_share_of_the_references_own_score_at_4k_or_its_shortest_length() -> None:
+    ref = _scored("dense", 2048, 10) + _scored("dense", 4096, 6) + _scored("dense", 16384, 2)
+    mine = _scored("int8", 2048, 6) + _scored("int8", 4096, 6) + _scored("int8", 16384, 5)
+    got = effective_length(mine, ref, "needle")
+    assert (got.threshold, got.base_length, got.length) == (0.51, 4096, 4096)  # 85% of 60%
+    short = _scored("dense", 1024, 8) + _scored("dense", 2048, 10)
+    got = effective_length(_scored("int8", 1024, 7) + _scored("int8", 2048, 7), short, "needle")
+    assert (got.threshold, got.base_length, got.length) == (0.68, 1024, 2048)  # none >= 4K: the shortest
+    # no threshold where the reference scored nothing, or did not run the task
+    zero = _scored("dense", 4096, 0)
+    assert effective_length(mine, zero, "needle") == EffectiveLength(
+        threshold=None, base_length=4096, length=None
+    )
+    assert effective_length(mine, ref, "cwe") == EffectiveLength(
+        threshold=None, base_length=None, length=None
+    )
+
+
+def test_the_summary_holds_every_tasks_effective_length_and_grid_and_its_heatmap_wraps(
+    tmp_path: Path,
+) -> None:
+    cases = [
+        c
+        for config in ("dense", "int4")
+        for task in TASKS
+        for c in _scored(config, 4096, 10 if config == "dense" or task == "passkey" else 0, 2, task)
+    ]
+    s = summarise(cases, {"dense": 1.0, "int4": 1.0}, "dense")
+    assert list(s["int4"].grid) == list(TASKS) and s["int4"].grid["cwe"] == {4096: {0: 0.0, 1: 0.0}}
+    lengths = {t: e.length for t, e in s["int4"].effective_length.items()}
+    assert lengths == {t: 4096 if t == "passkey" else None for t in TASKS}
+    assert b'"effective_length":{"passkey":{"threshold":0.85' in msgspec.json.encode(s["int4"])
+    panels = [
+        HeatmapPanel(t, ("4K",), tuple(f"{d}%" for d in row[4096]), tuple((v,) for v in row[4096].values()))
+        for t, row in s["int4"].grid.items()
+    ]
+    path = tmp_path / "heatmap.png"
+    render_heatmap(path, "int4", panels)
+    head = path.read_bytes()[16:24]
+    assert size_px(7) == (2000, 800)  # two rows of at most four panels
+    assert (int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")) == size_px(7)
+
+
 def test_timed_attention_passes_calls_through_and_adds_up_their_time() -> None:
     class Backend:
         name = "fake"
@@ -153,3 +238,25 @@ def test_a_run_drives_a_worker_process_and_writes_json_and_heatmaps(tmp_path: Pa
     assert Path(dense.heatmap or "").is_file()
     again = msgspec.json.decode((tmp_path / "results.json").read_bytes(), type=Report)
     assert again.cases == report.cases and again.summary == report.summary
+
+
+def test_the_probe_table_puts_found_cases_beside_lost_ones_and_names_where_the_needle_was_dropped() -> None:
+    def trace(selected: float, needle: float) -> list[LayerTrace]:
+        return [
+            LayerTrace(layer=2, kv_heads=3, prefill_selected=3, prefill_rank=0, decode_selected=1.0),
+            LayerTrace(
+                layer=7, kv_heads=3, prefill_selected=1, prefill_rank=40, decode_selected=selected,
+                decode_rank=40, decode_needle_mass=needle, decode_mass_kept=0.5,
+            ),
+        ]  # fmt: skip
+
+    found = _case("sparse-1024", 50, True, "123", 1.0, trace=trace(0.9, 0.6))
+    lost = _case("sparse-1024", 75, False, "9", 1.0, trace=trace(0.1, 0.6))
+    unprobed = _case("dense", 50, True, "123", 1.0)
+    table = probe_report("sparse-1024", [found, lost, unprobed])
+    assert table is not None and probe_report("dense", [unprobed]) is None
+    assert "## found (1 cases)" in table and "## lost (1 cases)" in table
+    assert "| 7 | 33% | 40 |" in table  # the layer's row: a third of the KV heads, rank 40
+    missed = "layers whose heads look at the needle but whose selection mostly missed it"
+    assert f"75% (lost, answer '9'): {missed}: 7\n" in table
+    assert f"50% (found, answer '123'): {missed}: none\n" in table

@@ -1,5 +1,6 @@
-"""Long-context cases hit their token length with the real tokenizer and chat template, put the
-needle at the requested depth, follow from the seed alone, and are scored by the key's digits."""
+"""Long-context cases hit their token length with the real tokenizer and chat template (every task),
+put the needle at the requested depth, follow from the seed alone, and are scored by the key's
+digits (passkey and needle; the other tasks' content and scoring: test_longctx_ruler.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from cloud.model.tokenizer import Tokenizer
 
 ANSWER_TOKENS = 12
 FIT_SLACK = 4  # tokens a prompt may fall short of its length: less than one haystack word
+LIST_FIT_SLACK = 9  # ... or one item of cwe's list: " 1234. word" is up to 9 tokens
+CLASSIC: tuple[Task, ...] = ("passkey", "needle")
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +52,35 @@ def _text(enc: Encoder, ids: tuple[int, ...]) -> str:
 def test_prompt_plus_answer_fills_the_length_within_a_few_tokens(
     enc: Encoder, task: Task, length: int
 ) -> None:
+    slack = LIST_FIT_SLACK if task == "cwe" else FIT_SLACK
     for depth in (0, 50, 100):
         case = make_case(CaseSpec(task, length, depth), enc, ANSWER_TOKENS, seed=0)
-        room = length - ANSWER_TOKENS - len(case.prompt_ids)
-        assert 0 <= room <= FIT_SLACK, (depth, room)
+        assert case.answer_tokens >= ANSWER_TOKENS
+        room = length - case.answer_tokens - len(case.prompt_ids)
+        assert 0 <= room <= slack, (depth, room)
+
+
+def test_a_task_answering_with_a_list_takes_the_answer_tokens_it_needs(enc: Encoder) -> None:
+    for task in CLASSIC:
+        assert make_case(CaseSpec(task, 1024, 50), enc, ANSWER_TOKENS, seed=0).answer_tokens == ANSWER_TOKENS
+    lists = {t: make_case(CaseSpec(t, 1024, 50), enc, ANSWER_TOKENS, seed=0) for t in ("multivalue", "cwe")}
+    assert all(c.answer_tokens > 3 * ANSWER_TOKENS for c in lists.values())
+    # a run that asks for more than the task needs gets it
+    assert make_case(CaseSpec("cwe", 1024, 50), enc, 100, seed=0).answer_tokens == 100
 
 
 @pytest.mark.parametrize("task", TASKS)
+def test_every_task_follows_from_the_seed(enc: Encoder, task: Task) -> None:
+    spec = CaseSpec(task, 2048, 25)
+    a, b = make_case(spec, enc, ANSWER_TOKENS, seed=7), make_case(spec, enc, ANSWER_TOKENS, seed=7)
+    assert a == b
+    assert make_case(spec, enc, ANSWER_TOKENS, seed=8).prompt_ids != a.prompt_ids
+    assert (
+        make_case(CaseSpec(task, 2048, 25, sample=1), enc, ANSWER_TOKENS, seed=7).prompt_ids != a.prompt_ids
+    )
+
+
+@pytest.mark.parametrize("task", CLASSIC)
 @pytest.mark.parametrize("depth", [0, 25, 50, 75, 100])
 def test_needle_sits_at_the_requested_depth(enc: Encoder, task: Task, depth: int) -> None:
     case = make_case(CaseSpec(task, 4096, depth), enc, ANSWER_TOKENS, seed=1)
@@ -119,7 +144,7 @@ def test_scoring_finds_the_key_digits_in_the_answer(enc: Encoder) -> None:
     assert answer_number(" none") is None
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", CLASSIC)
 def test_the_needle_span_holds_the_needle_and_its_key(enc: Encoder, task: Task) -> None:
     for depth in (0, 50, 100):
         case = make_case(CaseSpec(task, 2048, depth), enc, ANSWER_TOKENS, seed=0)
@@ -127,3 +152,4 @@ def test_the_needle_span_holds_the_needle_and_its_key(enc: Encoder, task: Task) 
         text = _text(enc, case.prompt_ids[start:end])
         assert case.key in text and 5 <= end - start <= 40, (depth, text)
         assert case.key not in _text(enc, case.prompt_ids[:start] + case.prompt_ids[end:])
+        assert case.other_spans == ()

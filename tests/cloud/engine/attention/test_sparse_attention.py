@@ -3,13 +3,16 @@ and when it does not, it finds the blocks that matter (per KV head) by their key
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cloud.engine.attention.dense import AttentionMetadata, DenseAttention, PrefillSeq
+from cloud.engine.attention.retrieval_heads import HeadCalibration
 from cloud.engine.attention.sparse import SparseAttention
 from cloud.engine.config import SparseConfig
 from cloud.engine.kv.cache import KVCache
 from cloud.engine.kv.quantized_cache import QuantizedKVCache
+from shared.errors import InvalidRequestError
 
 BS, HEADS, KV_HEADS, DIM, BLOCKS = 4, 4, 2, 16, 24
 SMALL = SparseConfig(sinks=4, window=8, budget=24, dense_layers=0)  # 1 sink, 2 window, 3 top blocks
@@ -136,3 +139,66 @@ def test_sparse_reads_a_quantized_cache_like_a_full_precision_one() -> None:
     torch.testing.assert_close(
         sparse(0, q, k[:1], v[:1], quant, meta), dense(0, q, k[:1], v[:1], quant, meta), atol=5e-3, rtol=0
     )
+
+
+def test_selection_by_head_keeps_a_quiet_heads_block_that_the_groups_bound_outvotes() -> None:
+    """Head 0 of KV head 0 looks for one block, with small logits; head 1 of the group has large bounds
+    everywhere else. By the group's best bound head 0's block ranks last; by each head's own order it
+    ranks first for head 0, so it is picked."""
+    cache, k, v, q = _setup(64, seed=3)  # 16 blocks: 1 sink, 2 window, 13 middle; 3 picked
+    q[0, 1] *= 50  # head 1: every bound loud
+    quiet = q[0, 0] / q[0, 0].norm()
+    k[6 * BS : 7 * BS, 0] = 10 * quiet  # head 0's block: the best for head 0, modest beside head 1
+    table = _fill(cache, k, v)
+    lens = torch.tensor([64])
+    picked = {}
+    for mode in ("group", "head"):
+        _, sparse = _attn(SparseConfig(sinks=4, window=8, budget=24, dense_layers=0, select=mode))
+        sel, keep = sparse.select(0, q, cache, table[None], lens)
+        picked[mode] = set(sel[0, 0][keep[0, 0]].tolist())
+    assert 6 in picked["head"] and 6 not in picked["group"]
+    assert len(picked["head"]) == len(picked["group"]) == 6  # the same budget: 1 sink, 3 picked, 2 window
+
+
+def test_retrieval_heads_attend_densely_and_the_others_as_before() -> None:
+    """KV head 0 marked a retrieval head: its query heads get dense attention's output (every block);
+    KV head 1's keep the plain sparse output. (The compiled kernel's path: test_retrieval_heads.py.)"""
+    dense, sparse = _attn()
+    mixed = SparseAttention(dense, SMALL, BS, dense_heads=torch.tensor([[True, False]]))
+    cache, k, v, q = _setup(64, seed=8)
+    meta = _decode_meta(_fill(cache, k, v), 64)
+    args = (0, q, k[:1], v[:1], cache, meta)
+    want_dense, want_sparse, got = dense(*args), sparse(*args), mixed(*args)
+    g = HEADS // KV_HEADS
+    torch.testing.assert_close(got[:, :g], want_dense[:, :g], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[:, g:], want_sparse[:, g:], atol=1e-6, rtol=0)  # masked padding: same sum
+    assert not torch.allclose(want_sparse[:, :g], want_dense[:, :g], atol=1e-3)  # the budget matters here
+    # a layer with a retrieval head prefills densely
+    seq = PrefillSeq(0, 8, 56, _fill(cache, k, v))
+    pre = AttentionMetadata(torch.arange(56, 64), 0, None, None, [seq])
+    qp = torch.randn(8, HEADS, DIM, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(mixed(0, qp, k[56:], v[56:], cache, pre), dense(0, qp, k[56:], v[56:], cache, pre))
+
+
+def test_a_head_calibration_of_another_shape_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cal = HeadCalibration(
+        model="m", num_layers=2, num_heads=4, num_kv_heads=2, cases=1, queries=3, mass=[[0.0] * 4] * 2
+    )
+    cal.save(tmp_path / "heads.json")
+    loaded = HeadCalibration.load(tmp_path / "heads.json", 2, 4, 2)
+    assert loaded.dense_kv_heads(0.1).tolist() == [[False, False], [False, False]]
+    with pytest.raises(InvalidRequestError, match="calibrated for 2 layers x 4 heads"):
+        HeadCalibration.load(tmp_path / "heads.json", 30, 9, 3)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(InvalidRequestError, match="not a head calibration"):
+        HeadCalibration.load(tmp_path / "bad.json", 2, 4, 2)
+    marked = HeadCalibration(
+        model="m",
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        cases=1,
+        queries=3,
+        mass=[[0.0, 0.3, 0.05, 0.09]],
+    )
+    assert marked.dense_kv_heads(0.1).tolist() == [[True, False]]
