@@ -213,10 +213,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--sparse-retrieval-heads",
-        default=None,
-        metavar="FILE",
-        help="a head calibration (`ctxfuse bench longctx --configs sparse-eighth-duo` writes heads.json): "
-        "KV heads that retrieve attend densely, the rest sparsely (DuoAttention's split; default none)",
+        default=s.retrieval_heads,
+        metavar="auto|none|FILE",
+        help="KV heads that retrieve (a head calibration) attend densely, the rest sparsely "
+        "(DuoAttention's split): auto (default) takes the calibration shipped for the model where there "
+        "is one; a FILE as `ctxfuse bench longctx --configs sparse-eighth-duo` writes it (heads.json)",
     )
     g.add_argument(
         "--sparse-retrieval-threshold",

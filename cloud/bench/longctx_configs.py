@@ -134,7 +134,9 @@ def plan(config: LongCtxConfig, grid: Grid) -> list[EngineGroup]:
 
 def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup) -> EngineConfig:
     """The engine for one group, less its KV budget (sized once bytes per token are known)."""
-    sparse = SparseConfig(select=config.sparse_select, top_p=config.top_p)
+    # retrieval heads only where the configuration asks (the worker names the file): the others
+    # measure the selection alone
+    sparse = SparseConfig(select=config.sparse_select, top_p=config.top_p, retrieval_heads=None)
     if config.dense_layers is not None:
         sparse = replace(sparse, dense_layers=config.dense_layers)
     if config.sparse_budget is not None:

@@ -45,8 +45,9 @@ class SparseConfig:
     # run low is not outvoted by its group's
     select: Literal["group", "head"] = "group"
     # a head calibration (retrieval_heads.py): KV heads with a query head whose mean needle mass is at
-    # least retrieval_threshold attend densely, the rest sparsely
-    retrieval_heads: str | None = None
+    # least retrieval_threshold attend densely, the rest sparsely. "auto": the calibration shipped for
+    # the served model where there is one (cloud/model/heads/); None: every head sparse
+    retrieval_heads: str | None = "auto"
     retrieval_threshold: float = 0.1
 
 

@@ -105,7 +105,7 @@ class EngineCore:
             self.model = build_model(
                 weights, dtype=dtype, plan=self.weight_plan, max_positions=self.kv_plan.max_model_len
             )
-        loaded_path = loaded.path
+        loaded_path, registered = loaded.path, loaded.name
         # the model holds what it runs on: the float copies of projections it serves from the file's
         # blocks go now, before the KV cache is allocated (peak RSS), unless the caller holds them
         del weights, loaded
@@ -171,7 +171,7 @@ class EngineCore:
         self.runner = ModelRunner(
             self.model,
             self.cache,
-            make_attention(config, c, self.model.rope, self.kv_plan.block_size, device),
+            make_attention(config, c, self.model.rope, self.kv_plan.block_size, device, registered),
             self.sampler,
             self.overflow.sink_blocks,
             config.max_num_seqs,

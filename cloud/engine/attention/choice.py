@@ -10,7 +10,7 @@ import torch
 
 from cloud.engine.attention.cpu import CpuKernelAttention
 from cloud.engine.attention.dense import AttentionBackend, DenseAttention
-from cloud.engine.attention.retrieval_heads import HeadCalibration
+from cloud.engine.attention.retrieval_heads import HeadCalibration, calibration_path
 from cloud.engine.attention.sparse import SparseAttention
 from cloud.engine.config import EngineConfig
 from cloud.model.config import ModelConfig
@@ -32,13 +32,19 @@ def use_triton(kernels: str, device: torch.device) -> bool:
 
 
 def make_attention(
-    config: EngineConfig, model: ModelConfig, rope: RotaryEmbedding, block_size: int, device: torch.device
+    config: EngineConfig,
+    model: ModelConfig,
+    rope: RotaryEmbedding,
+    block_size: int,
+    device: torch.device,
+    model_name: str = "",
 ) -> AttentionBackend:
+    """`model_name`: the registered name, for the retrieval-head calibration shipped with it."""
     dense = DenseAttention(model.num_heads, model.num_kv_heads, model.head_dim, rope)
     backend: DenseAttention | SparseAttention = dense
     if config.attention == "sparse":
         dense_heads = None
-        if (path := config.sparse.retrieval_heads) is not None:
+        if (path := calibration_path(config.sparse.retrieval_heads, model_name)) is not None:
             cal = HeadCalibration.load(path, model.num_layers, model.num_heads, model.num_kv_heads)
             dense_heads = cal.dense_kv_heads(config.sparse.retrieval_threshold).to(device)
         backend = SparseAttention(dense, config.sparse, block_size, dense_heads)

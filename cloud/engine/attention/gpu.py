@@ -92,9 +92,8 @@ class TritonAttention(KernelAttention):
         if not sparse or self.sparse is None:
             return paged_decode(q, kc, vc, tables, lens, scale)
         c = self.sparse.config
-        if c.top_p is not None or c.select != "group" or self.sparse.dense_heads is not None:
-            # the Triton selection ranks by the group's bound, a fixed count for every head: the reference
-            # otherwise
+        if c.top_p is not None or c.select != "group":
+            # the Triton selection ranks by the group's bound, a fixed count per head: the reference else
             return self._reference_decode(layer, q, cache, meta)
         s = self.sparse
         kmin, kmax = cache.key_bounds(layer)
@@ -109,6 +108,8 @@ class TritonAttention(KernelAttention):
             s.top_blocks,
             block_size=cache.block_size,
         )
+        if layer in s.dense_prefill:  # this layer's retrieval heads attend to every block
+            selected = s.with_retrieval_heads(layer, selected, tables.shape[1])
         return sparse_paged_decode(q, kc, vc, tables, selected, lens, scale)
 
     def _reference_decode(

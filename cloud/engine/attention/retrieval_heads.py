@@ -25,6 +25,23 @@ from cloud.engine.attention.dense import AttentionMetadata, context
 from shared.errors import InvalidRequestError
 
 DEFAULT_THRESHOLD = 0.1  # mean needle mass that makes a head a retrieval head
+# calibrations made for the registered models, by name (`ctxfuse bench longctx`'s, seed and cases in
+# longctx_calibrate.py)
+SHIPPED = Path(__file__).resolve().parents[2] / "model" / "heads"
+
+
+def calibration_path(setting: str | None, model_name: str) -> Path | None:
+    """The calibration file a `retrieval_heads` setting names: "auto" -> the one shipped for
+    `model_name` if any (a calibration of other weights of that name is refused at load by its
+    shape), None or "none" -> none, else the path given."""
+    if setting is None or setting == "none":
+        return None
+    if setting == "auto":
+        # a registered name ("smollm2-135m-instruct") or a file's stem ("SmolLM2-135M-Instruct.Q4_1"):
+        # the same weights whatever their quantization
+        shipped = SHIPPED / f"{model_name.lower().split('.')[0]}.json"
+        return shipped if shipped.is_file() else None
+    return Path(setting)
 
 
 class HeadCalibration(msgspec.Struct, kw_only=True):

@@ -3,8 +3,13 @@ recent window, and the middle blocks whose keys could score highest against it.
 
 The bound for a block is Quest's: sum over channels of max(q * kmin, q * kmax), from the per-block
 key min / max the cache keeps (key_summary.py), which is q+ . kmax + q- . kmin as two matmuls.
-Blocks are chosen per KV head (the best bound over that head's query group), so the heads of a
-group share one gather. Budgets are in tokens and rounded to whole blocks.
+Blocks are chosen per KV head, so the heads of a group share one gather: by the best bound over
+that head's query group, or (`select="head"`) by each block's best place in any of its query heads'
+own bound orders. Budgets are in tokens and rounded to whole blocks.
+
+Retrieval heads (retrieval_heads.py, DuoAttention's split): KV heads that a calibration found
+fetching facts from far back attend to every block, the others as above; a layer holding one
+prefills densely.
 
 Exactness: a query whose context fits in the budget takes the dense path, so with a budget at least
 the context length the outputs are the dense ones bit for bit. The first `dense_layers` layers are
@@ -177,17 +182,30 @@ class SparseAttention:
         sel, order = sel.sort(dim=-1)  # context order, as dense reads it
         keep = keep.gather(-1, order)
         if layer in self.dense_prefill and self.dense_heads is not None:  # retrieval heads take every block
-            dense = self.dense_heads[layer].view(1, kvh, 1)
-            pad = nb - sel.shape[-1]
+            retrieval = self.dense_heads[layer].view(1, kvh, 1)
+            pad = nb - sel.shape[-1]  # > 0: a sparse row's context is past the budget
             if pad > 0:  # the sparse heads' rows, widened with dropped entries
                 sel = torch.cat([sel, sel[..., -1:].expand(r, kvh, pad)], dim=-1)
                 keep = torch.cat([keep, torch.zeros_like(keep[..., :1]).expand(r, kvh, pad)], dim=-1)
             every = j[: sel.shape[-1]].expand(r, kvh, -1)
             live = every < nblk.view(r, 1, 1)
-            sel, keep = torch.where(dense, every, sel), torch.where(dense, live, keep)
+            sel, keep = torch.where(retrieval, every, sel), torch.where(retrieval, live, keep)
         if self.probe is not None:
             self.probe.decode(self, layer, q, cache, tables, lens, sel, keep, key)
         return sel, keep
+
+    def with_retrieval_heads(self, layer: int, selected: torch.Tensor, nb: int) -> torch.Tensor:
+        """A kernel's selection, [r, kvh, n] block positions (-1: none), with this layer's retrieval
+        heads taking every position of an nb-block table: [r, kvh, max(n, nb)], the rest padded with
+        -1 (positions past a row's context are the kernel's to mask)."""
+        if self.dense_heads is None:
+            return selected
+        r, kvh, n = selected.shape
+        width = max(n, nb)
+        if width > n:
+            selected = F.pad(selected, (0, width - n), value=-1)
+        every = torch.arange(width, device=selected.device, dtype=selected.dtype).expand(r, kvh, width)
+        return torch.where(self.dense_heads[layer].view(1, kvh, 1), every, selected)
 
     def _bounds(
         self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor, heads: int = 0
@@ -254,7 +272,7 @@ class SparseAttention:
         sinks = min(self.sink_blocks, near)
         far = torch.arange(sinks, device=table.device).expand(kvh, -1)  # [kvh, sinks] block positions
         top = min(self.top_blocks, near - sinks)
-        score = None
+        score = qg = None
         if top > 0:
             obs = q[-OBSERVED_QUERIES:].transpose(0, 1)  # [heads, m, d]
             qg = obs.reshape(kvh, g * obs.shape[1], d)
@@ -265,7 +283,7 @@ class SparseAttention:
             picked = best.indices[:, :top].sort(dim=-1).values + sinks
             far = torch.cat([far, picked], dim=-1)
         if self.probe is not None:
-            self.probe.prefill(self, layer, q, k, cache, table, start, far, near, score)
+            self.probe.prefill(self, layer, q, k, cache, table, start, far, near, score, qg)
         kr, vr = context(cache, layer, table, near * bs, start)  # [1, kvh, start - near * bs, d]
         if far.shape[1]:
             kf, vf = cache.gather_per_head(layer, table[far])  # [kvh, far * bs, d]

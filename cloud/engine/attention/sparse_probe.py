@@ -127,7 +127,7 @@ class SelectionProbe:
                 attended[h, b * bs : (b + 1) * bs] = True
         middle = (sparse.sink_blocks, -(-n // bs) - sparse.window_blocks)
         qg = q[0].view(kvh, sparse.dense.group, -1)
-        heads = _head_bounds(sparse, layer, cache, qg.unsqueeze(2), tables[0])
+        heads = sparse._bounds(layer, cache, qg, tables[0], heads=sparse.dense.group)  # [kvh, g, nb]
         pick = self._measure(sparse, qg, k[0], attended, score[0], heads, middle)
         self._decode.setdefault(layer, []).append(pick)
         self._kv_heads = kvh
@@ -145,11 +145,13 @@ class SelectionProbe:
         far: torch.Tensor,
         near: int,
         score: torch.Tensor | None,
+        observed: torch.Tensor | None,
     ) -> None:
         """A sparse prefill chunk's selection: q, k [n, heads | kv_heads, d] the chunk's; far [kvh, m]
         the far block positions attended (sinks, then picks); every position from block `near` on is
-        attended; score [kvh, near - sinks] the bounds the picks were chosen by (None: no picks).
-        Only the prompt's last chunk is measured, at its last query."""
+        attended; score [kvh, near - sinks] the key the picks were chosen by and observed [kvh, g * m,
+        d] the queries that scored them (None: no picks). Only the prompt's last chunk is measured,
+        at its last query."""
         if start + q.shape[0] != self.prompt_len:
             return
         t = time.perf_counter()
@@ -164,11 +166,10 @@ class SelectionProbe:
         sinks, nb = min(sparse.sink_blocks, near), -(-keys.shape[1] // bs)
         bounds = torch.full((kvh, nb), -torch.inf)
         heads = torch.full((kvh, g, nb), -torch.inf)
-        if score is not None:
+        if score is not None and observed is not None:
             bounds[:, sinks:near] = score
-            # each query head's own bound over the observed queries, as the picks were scored
-            observed = q[-score_queries(sparse) :].transpose(0, 1).reshape(kvh, g, -1, q.shape[-1])
-            heads[..., sinks:near] = _head_bounds(sparse, layer, cache, observed, table[sinks:near])
+            # each query head's own bound over the observed queries
+            heads[..., sinks:near] = sparse._bounds(layer, cache, observed, table[sinks:near], heads=g)
         last = q[-1].view(kvh, g, -1)
         pick = self._measure(sparse, last, keys, attended, bounds, heads, (sinks, near))
         self._prefill[layer] = pick
@@ -209,19 +210,3 @@ class SelectionProbe:
         h, j = divmod(int(needle_mass.argmax()), needle_mass.shape[1])  # the head that looks hardest
         own = min(rank(heads[h, j], b) for b in blocks)
         return _Pick(selected, best, own, float(kept.mean()), float(needle_mass.max()))
-
-
-def _head_bounds(
-    sparse: SparseAttention, layer: int, cache: AnyKVCache, qg: torch.Tensor, table: torch.Tensor
-) -> torch.Tensor:
-    """Each query head's own Quest bound: qg [kvh, g, m, d] -> [kvh, g, nb] (best over its m queries)."""
-    g = qg.shape[1]
-    per_head = qg.transpose(0, 1)  # [g, kvh, m, d]: the group's heads as a batch
-    return sparse._bounds(layer, cache, per_head, table.expand(g, -1)).transpose(0, 1)
-
-
-def score_queries(sparse: SparseAttention) -> int:
-    """How many of a prefill chunk's last queries chose its far blocks."""
-    from cloud.engine.attention.sparse import OBSERVED_QUERIES  # sparse.py imports this module
-
-    return OBSERVED_QUERIES

@@ -4,8 +4,6 @@ digits (passkey and needle; the other tasks' content and scoring: test_longctx_r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cloud.bench.longctx_data import (
@@ -18,29 +16,11 @@ from cloud.bench.longctx_data import (
     is_correct,
     make_case,
 )
-from cloud.model.chat_template import ChatTemplate
-from cloud.model.gguf_vocab import load_gguf_tokenizer
-from cloud.model.tokenizer import Tokenizer
 
 ANSWER_TOKENS = 12
 FIT_SLACK = 4  # tokens a prompt may fall short of its length: less than one haystack word
 LIST_FIT_SLACK = 9  # ... or one item of cwe's list: " 1234. word" is up to 9 tokens
 CLASSIC: tuple[Task, ...] = ("passkey", "needle")
-
-
-@pytest.fixture(scope="module")
-def enc(gguf_path: Path) -> Encoder:
-    data = load_gguf_tokenizer(gguf_path)
-    tok = Tokenizer.from_gguf_data(data)
-
-    def name(i: int | None) -> str:
-        return data.tokens[i] if i is not None else ""
-
-    template = ChatTemplate(data.chat_template, name(data.bos_id), name(data.eos_id))
-    # as EngineCore.encode_chat does it
-    return Encoder(
-        lambda m: tok.encode(template.render(m, add_generation_prompt=True), add_special=False), tok
-    )
 
 
 def _text(enc: Encoder, ids: tuple[int, ...]) -> str:

@@ -17,7 +17,6 @@ from cloud.bench.longctx_data import Case, CaseSpec, Encoder, Task, answer_gist,
 from cloud.bench.longctx_nolima import CHARACTERS, LANDMARKS, nolima
 from cloud.bench.longctx_ruler import COMMON_RATIO, COMMON_WORDS, HOPS, MULTIKEYS, MULTIVALUES
 from cloud.bench.longctx_words import ADJECTIVES, ADVERBS, NAMES, NOUNS, PLACES, TEMPLATES, TIMES, VERBS
-from tests.cloud.bench.test_longctx_data import enc as enc  # the fixture: the real tokenizer and template
 
 ANSWER_TOKENS = 12
 # every sentence each task hides in its haystack

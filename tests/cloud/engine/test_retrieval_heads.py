@@ -13,7 +13,8 @@ import torch
 
 from cloud.bench.longctx_calibrate import calibrate_heads
 from cloud.bench.longctx_data import CaseSpec, Encoder, make_case
-from cloud.engine.attention.retrieval_heads import HeadCalibration
+from cloud.engine.attention.retrieval_heads import HeadCalibration, calibration_path
+from cloud.engine.attention.sparse import SparseAttention
 from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
 from shared.engine_types import SamplingParams
@@ -27,7 +28,7 @@ BASE = EngineConfig(
     max_num_batched_tokens=384,
     enable_prefix_caching=False,
 )
-SPARSE = SparseConfig(sinks=16, window=64, budget=192, dense_layers=2)
+SPARSE = SparseConfig(sinks=16, window=64, budget=192, dense_layers=2, retrieval_heads=None)
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +98,17 @@ def test_a_calibration_of_another_model_is_refused_at_start(loaded_model, tmp_pa
     )
     with pytest.raises(InvalidRequestError, match="calibrated for 2 layers"):
         EngineCore(config, loaded_model)
+
+
+def test_sparse_attention_keeps_the_shipped_retrieval_heads_dense_by_default(loaded_model) -> None:  # type: ignore[no-untyped-def]
+    shipped = calibration_path("auto", loaded_model.name)
+    assert shipped is not None and calibration_path("auto", "a model without one") is None
+    assert calibration_path("none", loaded_model.name) is None
+    core = EngineCore(replace(BASE, attention="sparse"), loaded_model)  # every sparse option at its default
+    attention = core.runner.attention
+    sparse = attention if isinstance(attention, SparseAttention) else getattr(attention, "sparse", None)
+    assert isinstance(sparse, SparseAttention) and sparse.dense_heads is not None
+    c = loaded_model.weights.config
+    cal = HeadCalibration.load(shipped, c.num_layers, c.num_heads, c.num_kv_heads)
+    assert torch.equal(sparse.dense_heads.cpu(), cal.dense_kv_heads(SparseConfig().retrieval_threshold))
+    assert 0 < int(sparse.dense_heads.sum()) < sparse.dense_heads.numel() // 3  # a few heads, not most

@@ -15,7 +15,8 @@ from cloud.engine.core import EngineCore
 from shared.engine_types import SamplingParams
 
 MAX_TOKENS = 4
-SPARSE = SparseConfig(sinks=16, window=64, budget=256, dense_layers=2)
+# every head sparse: the probe follows the selection (retrieval heads would prefill their layers densely)
+SPARSE = SparseConfig(sinks=16, window=64, budget=256, dense_layers=2, retrieval_heads=None)
 CONFIG = EngineConfig(
     dtype="float32",
     weight_quant="none",

@@ -62,12 +62,14 @@ def _run(loaded_model, kernels: str, **overrides) -> tuple[dict[str, list[int]],
 # fp8 keeps 3 mantissa bits: a last-bit difference between two exact attention sums can move a
 # later layer's key to the neighbouring fp8 value, so its logits agree less closely (seen: 0.034)
 TOLERANCE = {"auto": 2e-3, "int8": 2e-3, "int4": 2e-3, "fp8": 0.15}
-# a budget of 3 blocks of 8 (one sink, one window, one chosen) is exceeded by every decode row
+# a budget of 3 blocks of 8 (one sink, one window, one chosen) is exceeded by every decode row; every
+# head sparse, and then with the model's shipped retrieval heads attending to every block
 SPARSE = {
     "attention": "sparse",
-    "sparse": SparseConfig(sinks=8, window=8, budget=24, dense_layers=2),
+    "sparse": SparseConfig(sinks=8, window=8, budget=24, dense_layers=2, retrieval_heads=None),
     "block_size": 8,
 }
+DUO = {**SPARSE, "sparse": SparseConfig(sinks=8, window=8, budget=24, dense_layers=2)}
 
 
 CASES = [
@@ -75,15 +77,19 @@ CASES = [
     ("triton", "int8", {}),
     ("triton", "fp8", {}),
     ("triton", "auto", SPARSE),
+    ("triton", "auto", DUO),
     ("cpu", "auto", {}),
     ("cpu", "int8", {}),
     ("cpu", "int4", {}),
     ("cpu", "auto", SPARSE),
+    ("cpu", "auto", DUO),
 ]
 
 
 @pytest.mark.parametrize(
-    "kernels, kv_dtype, overrides", CASES, ids=[f"{k}-{'sparse' if o else d}" for k, d, o in CASES]
+    "kernels, kv_dtype, overrides",
+    CASES,
+    ids=[f"{k}-{('duo' if o is DUO else 'sparse') if o else d}" for k, d, o in CASES],
 )
 def test_kernels_give_the_reference_logits_in_the_engine(
     loaded_model, kernels: str, kv_dtype: str, overrides
