@@ -219,9 +219,8 @@ def _heads(spec: WorkerSpec, loaded: LoadedModel, base: EngineConfig) -> Path:
 def _probe(core: EngineCore) -> SelectionProbe | None:
     """A probe on the engine's sparse attention (None: dense, nothing to follow)."""
     attention = core.runner.attention
-    attention = attention.inner if isinstance(attention, TimedAttention) else attention
-    sparse = attention if isinstance(attention, SparseAttention) else getattr(attention, "sparse", None)
-    if not isinstance(sparse, SparseAttention):
+    sparse = SparseAttention.of(attention.inner if isinstance(attention, TimedAttention) else attention)
+    if sparse is None:
         return None
     sparse.probe = SelectionProbe()
     return sparse.probe

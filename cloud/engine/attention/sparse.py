@@ -89,6 +89,14 @@ class SparseAttention:
                 out[rows] = self._prefill(layer, q[rows], k[rows], v[rows], cache, seq, meta.sink_tokens)
         return out
 
+    @staticmethod
+    def of(backend: object) -> SparseAttention | None:
+        """The sparse reference inside an attention backend (itself, or what a kernel backend wraps)."""
+        if isinstance(backend, SparseAttention):
+            return backend
+        inner = getattr(backend, "sparse", None)
+        return inner if isinstance(inner, SparseAttention) else None
+
     def sparse_prefill(self, layer: int, start_pos: int) -> bool:
         """Whether a prefill chunk after `start_pos` cached tokens attends sparsely at `layer`: past the
         budget, past the dense layers, in a layer without retrieval heads. Every backend asks this."""

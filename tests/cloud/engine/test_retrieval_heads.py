@@ -106,8 +106,8 @@ def test_sparse_attention_keeps_the_shipped_retrieval_heads_dense_by_default(loa
     assert calibration_path("none", loaded_model.name) is None
     core = EngineCore(replace(BASE, attention="sparse"), loaded_model)  # every sparse option at its default
     attention = core.runner.attention
-    sparse = attention if isinstance(attention, SparseAttention) else getattr(attention, "sparse", None)
-    assert isinstance(sparse, SparseAttention) and sparse.dense_heads is not None
+    sparse = SparseAttention.of(attention)
+    assert sparse is not None and sparse.dense_heads is not None
     c = loaded_model.weights.config
     cal = HeadCalibration.load(shipped, c.num_layers, c.num_heads, c.num_kv_heads)
     assert torch.equal(sparse.dense_heads.cpu(), cal.dense_kv_heads(SparseConfig().retrieval_threshold))

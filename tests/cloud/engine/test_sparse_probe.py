@@ -31,8 +31,8 @@ CONFIG = EngineConfig(
 
 def _sparse(core: EngineCore) -> SparseAttention:
     attention = core.runner.attention
-    found = attention if isinstance(attention, SparseAttention) else getattr(attention, "sparse", None)
-    assert isinstance(found, SparseAttention)
+    found = SparseAttention.of(attention)
+    assert found is not None
     return found
 
 
