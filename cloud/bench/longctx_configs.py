@@ -47,6 +47,7 @@ class LongCtxConfig:
     top_p: float | None = None  # SparseConfig.top_p
     # retrieval heads dense (DuoAttention's split), from a head calibration (longctx_calibrate.py)
     retrieval: bool = False
+    retrieval_threshold: float | None = None  # None: SparseConfig's default
 
 
 CONFIGS: dict[str, LongCtxConfig] = {
@@ -67,6 +68,14 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("sparse-eighth-duo", attention="sparse", budget_share=1 / 8, retrieval=True),
         LongCtxConfig(
             "sparse-eighth-duo-int4", attention="sparse", budget_share=1 / 8, retrieval=True, kv_dtype="int4"
+        ),
+        # fewer retrieval heads (11 of SmolLM2's 90 KV heads rather than 18): less decode attention
+        LongCtxConfig(
+            "sparse-eighth-duo-0.2",
+            attention="sparse",
+            budget_share=1 / 8,
+            retrieval=True,
+            retrieval_threshold=0.2,
         ),
         LongCtxConfig("pruned-25", prune=0.25),
         LongCtxConfig("pruned-10", prune=0.10),

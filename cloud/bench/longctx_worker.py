@@ -244,7 +244,10 @@ def run_worker(spec: WorkerSpec, emit: Callable[[WorkerLine], None]) -> None:
     for group in plan(config, spec.grid()):
         cfg = engine_config(base, config, group)
         if config.retrieval:
-            cfg = replace(cfg, sparse=replace(cfg.sparse, retrieval_heads=str(_heads(spec, loaded, base))))
+            heads = replace(cfg.sparse, retrieval_heads=str(_heads(spec, loaded, base)))
+            if config.retrieval_threshold is not None:
+                heads = replace(heads, retrieval_threshold=config.retrieval_threshold)
+            cfg = replace(cfg, sparse=heads)
         t0 = time.perf_counter()
         try:
             core = _engine(cfg, loaded)

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sparse_checks import check_device, check_float, check_heads, check_index, is_int, itemsize
+from .sparse_checks import check_select, is_int, itemsize
 
 MAX_TOP_K = 1024  # the running top-k lives in registers: BLOCK_N = next_pow2(top_k) keys
 
@@ -178,7 +178,9 @@ def quest_select(
     -> [b, kv_heads, sink_blocks + top_k + window_blocks] int32 block positions:
     ascending, then -1 for unused entries. block_n: middle blocks scored per tile, a power of two
     >= max(16, top_k) (default max(32, next_pow2(top_k))); it is also the running top-k's size."""
-    _check_select(q, kmin, kmax, block_tables, context_lens, sink_blocks, window_blocks, top_k, block_size)
+    check_select(q, kmin, kmax, block_tables, context_lens, sink_blocks, window_blocks, top_k, block_size)
+    if top_k > MAX_TOP_K:
+        raise ValueError(f"top_k {top_k} is above {MAX_TOP_K} (the running top-k lives in registers)")
     least = max(16, triton.next_power_of_2(top_k))
     if block_n is not None and (
         not is_int(block_n) or not least <= block_n <= MAX_TOP_K or block_n & (block_n - 1)
@@ -282,32 +284,3 @@ def quest_select_bytes(
     q_bytes = batch * num_heads * head_dim * itemsize(q_dtype)
     per_block = 2 * head_dim * itemsize(summary_dtype) + index_bytes
     return q_bytes + batch * num_kv_heads * middle * per_block + batch * index_bytes
-
-
-def _check_select(
-    q: torch.Tensor,
-    kmin: torch.Tensor,
-    kmax: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    sink_blocks: int,
-    window_blocks: int,
-    top_k: int,
-    block_size: int,
-) -> None:
-    check_float("q", q, 3)
-    check_float("kmin", kmin, 3)
-    check_float("kmax", kmax, 3)
-    if kmin.shape != kmax.shape:
-        raise ValueError(f"kmin {tuple(kmin.shape)} and kmax {tuple(kmax.shape)} differ in shape")
-    check_heads(q, kmin.shape[0], kmin.shape[2])
-    check_index("block_tables", block_tables, (q.shape[0], -1))
-    check_index("context_lens", context_lens, (q.shape[0],))
-    for name, value in (("sink_blocks", sink_blocks), ("window_blocks", window_blocks), ("top_k", top_k)):
-        if not is_int(value) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    if top_k > MAX_TOP_K:
-        raise ValueError(f"top_k {top_k} is above {MAX_TOP_K} (the running top-k lives in registers)")
-    if not is_int(block_size) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    check_device(q=q, kmin=kmin, kmax=kmax, block_tables=block_tables, context_lens=context_lens)

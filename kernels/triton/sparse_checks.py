@@ -1,5 +1,6 @@
-"""Input checks the Triton sparse kernels share (quest_select.py, sparse_decode.py): each names the
-argument it refuses, with a ValueError."""
+"""Input checks the sparse kernels share (quest_select.py, sparse_decode.py, and the CPU's
+kernels/cpu/quest_select.py): each names the argument it refuses, with a ValueError. Torch only: the
+CPU kernels import it without Triton."""
 
 from __future__ import annotations
 
@@ -49,3 +50,31 @@ def check_device(**tensors: torch.Tensor) -> None:
     if len(devices) > 1:
         where = ", ".join(f"{k} on {t.device}" for k, t in tensors.items())
         raise ValueError(f"all tensors must be on one device: {where}")
+
+
+def check_select(
+    q: torch.Tensor,
+    kmin: torch.Tensor,
+    kmax: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    sink_blocks: int,
+    window_blocks: int,
+    top_k: int,
+    block_size: int,
+) -> None:
+    """A Quest selection's arguments (kernels/triton/quest_select.py's docstring)."""
+    check_float("q", q, 3)
+    check_float("kmin", kmin, 3)
+    check_float("kmax", kmax, 3)
+    if kmin.shape != kmax.shape:
+        raise ValueError(f"kmin {tuple(kmin.shape)} and kmax {tuple(kmax.shape)} differ in shape")
+    check_heads(q, kmin.shape[0], kmin.shape[2])
+    check_index("block_tables", block_tables, (q.shape[0], -1))
+    check_index("context_lens", context_lens, (q.shape[0],))
+    for name, value in (("sink_blocks", sink_blocks), ("window_blocks", window_blocks), ("top_k", top_k)):
+        if not is_int(value) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if not is_int(block_size) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    check_device(q=q, kmin=kmin, kmax=kmax, block_tables=block_tables, context_lens=context_lens)

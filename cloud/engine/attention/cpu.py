@@ -19,6 +19,7 @@ from cloud.engine.attention.kernel import KernelAttention
 from cloud.engine.kv.cache import KVCache
 from cloud.engine.kv.fp8_cache import Fp8KVCache
 from cloud.engine.kv.quantized_cache import QuantizedKVCache
+from kernels.cpu import quest_select
 from kernels.cpu.paged_attention import (
     paged_decode_cpu,
     paged_decode_quant_cpu,
@@ -122,16 +123,47 @@ class CpuKernelAttention(KernelAttention):
         if not sparse or s is None:
             # every layer of a step reads the same tables with the same shapes: checked once, at layer 0
             return paged_decode_cpu(q, kc, vc, tables, lens, scale, check=layer == 0)
-        # Quest's selection (the PyTorch bound, two small matmuls), then attention over the picked
-        # blocks in place; a row within the budget attends densely, as the reference does
-        out = torch.empty_like(q)
+        # Quest's selection, then attention over the picked blocks in place; a row within the budget
+        # attends densely, as the reference does
         over = lens > s.config.budget
+        if bool(over.all()):  # a step of long requests only: no rows to split
+            selected = self._select(layer, q, cache, tables, lens)
+            return sparse_paged_decode_cpu(q, kc, vc, tables, selected, lens, scale)
+        out = torch.empty_like(q)
         rows = over.nonzero().squeeze(1)
         if rows.numel():
-            sel, keep = s.select(layer, q[rows], cache, tables[rows], lens[rows])
-            selected = torch.where(keep, sel, -1).to(torch.int32)
-            out[rows] = sparse_paged_decode_cpu(q[rows], kc, vc, tables[rows], selected, lens[rows], scale)
+            q_r, tables_r, lens_r = q[rows], tables[rows], lens[rows]
+            selected = self._select(layer, q_r, cache, tables_r, lens_r)
+            out[rows] = sparse_paged_decode_cpu(q_r, kc, vc, tables_r, selected, lens_r, scale)
         rest = (~over).nonzero().squeeze(1)
         if rest.numel():
             out[rest] = paged_decode_cpu(q[rest], kc, vc, tables[rest], lens[rest], scale)
         return out
+
+    def _select(
+        self, layer: int, q: torch.Tensor, cache: KVCache, tables: torch.Tensor, lens: torch.Tensor
+    ) -> torch.Tensor:
+        """[r, kv_heads, n] int32 block positions (-1: none) for the sparse decode kernel: the compiled
+        Quest selection (kernels/cpu/quest_select.cpp, ~15x the PyTorch one at 16K tokens) where it
+        applies (the group's bound, a fixed count, no probe watching), else the reference's."""
+        s = self.sparse
+        assert s is not None
+        c = s.config
+        if c.select == "group" and c.top_p is None and s.probe is None and quest_select.available():
+            kmin, kmax = cache.key_bounds(layer)
+            every = s.dense_heads[layer] if s.dense_heads is not None and layer in s.dense_prefill else None
+            return quest_select.quest_select_cpu(
+                q,
+                kmin,
+                kmax,
+                tables,
+                lens,
+                s.sink_blocks,
+                s.window_blocks,
+                s.top_blocks,
+                block_size=cache.block_size,
+                every=every,
+                check=layer == c.dense_layers,  # every sparse layer reads the same tables: checked once
+            )
+        sel, keep = s.select(layer, q, cache, tables, lens)
+        return torch.where(keep, sel, -1).to(torch.int32)

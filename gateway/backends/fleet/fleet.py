@@ -204,14 +204,17 @@ class Fleet:
                 matched[b.name], total[b.name] = counts[b.name], len(chain)
         return matched, total
 
-    def remember(self, backend: FleetBackend, keys: RequestKeys) -> None:
-        """What was just sent there will be held there: a worker's events confirm or correct it."""
+    def remember(self, backend: FleetBackend, keys: RequestKeys, matched: int = 0) -> None:
+        """What was just sent there will be held there: a worker's events confirm or correct it.
+        `matched`: the leading keys `backend` was just matched on (and so touched); a chain it holds
+        whole needs nothing added."""
         chain = (
             keys.blocks(backend.block_size)
             if backend.reports_blocks and backend.block_size
             else keys.text_chunks()
         )
-        self.index.add(backend.name, chain)
+        if matched < len(chain):
+            self.index.add(backend.name, chain)
         self.metrics.index_keys.set(len(self.index))
         if self.sync is not None:
             self.sync.remembered(backend.name, chain)

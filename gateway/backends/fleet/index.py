@@ -3,6 +3,9 @@ text-chunk hashes for other servers) -> the backends holding them.
 
 Bounded: at most `capacity` keys, least recently used dropped first, so a long-running gateway's
 memory stays flat however many distinct prompts pass (unbounded router trees are a known leak).
+A chain is touched from its end back to its head, so its head is the most recent of its keys and a
+full index drops a prompt's deepest keys before its first ones: what stays is still a prefix that
+matches (a chain whose head went would match nothing, however much of its tail were kept).
 A backend that restarts or leaves is dropped whole (`forget`).
 """
 
@@ -23,9 +26,10 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._holders)
 
-    def add(self, backend: str, keys: Iterable[bytes]) -> None:
+    def add(self, backend: str, keys: Sequence[bytes]) -> None:
+        """`keys`: a chain, head first."""
         mine = self._keys.setdefault(backend, set())
-        for key in keys:
+        for key in reversed(keys):
             holders = self._holders.get(key)
             if holders is None:
                 holders = self._holders[key] = set()
@@ -63,6 +67,7 @@ class PrefixIndex:
         prefix, so the run stops at the first key a backend lacks). Touches the keys found."""
         alive = set(backends)
         counts = dict.fromkeys(alive, 0)
+        found = 0
         for key in chain:
             holders = self._holders.get(key)
             if holders is None:
@@ -70,9 +75,11 @@ class PrefixIndex:
             alive &= holders
             if not alive:
                 break
-            self._holders.move_to_end(key)
+            found += 1
             for b in alive:
                 counts[b] += 1
+        for i in range(found - 1, -1, -1):
+            self._holders.move_to_end(chain[i])
         return counts
 
     def held_by(self, backend: str) -> int:

@@ -123,7 +123,7 @@ async def route(
         annotate(backend=b.name, route_decision=decision.kind, matched_keys=decision.matched)
         # known as held from now: the same prefix arriving during this prefill (which may take
         # seconds, and no block event reports it before its end) follows it there
-        fleet.remember(b, keys)
+        fleet.remember(b, keys, decision.matched)
         block_size = b.block_size if b.reports_blocks else None
         with tracing.route_attempt(
             b.name, b.spec.version, fleet.config.policy, attempt, decision.kind, decision.matched, block_size

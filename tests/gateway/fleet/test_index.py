@@ -23,16 +23,27 @@ def test_matching_counts_the_leading_run_each_backend_holds() -> None:
 
 def test_the_index_never_holds_more_than_its_capacity_and_drops_the_least_recent() -> None:
     idx = PrefixIndex(3)
-    idx.add("a", keys("k1", "k2", "k3"))
-    idx.matched(keys("k1"), ["a"])  # k1 is now the most recent
-    idx.add("b", keys("k4"))
+    idx.add("a", keys("k1", "k2"))
+    idx.add("b", keys("x1"))
+    idx.matched(keys("k1", "k2"), ["a"])  # a's chain is now more recent than b's
+    idx.add("c", keys("y1"))
     assert len(idx) == 3
-    assert idx.matched(keys("k2"), ["a"]) == {"a": 0}  # k2 was the least recently used
-    assert idx.matched(keys("k1"), ["a"]) == {"a": 1}
-    assert idx.held_by("a") == 2 and idx.held_by("b") == 1
+    assert idx.matched(keys("x1"), ["b"]) == {"b": 0}  # x1 was the least recently used
+    assert idx.matched(keys("k1", "k2"), ["a"]) == {"a": 2}
+    assert idx.held_by("a") == 2 and idx.held_by("b") == 0 and idx.held_by("c") == 1
     for i in range(1000):
         idx.add("c", [f"n{i}".encode()])
     assert len(idx) == 3 and idx.held_by("a") == 0
+
+
+def test_a_full_index_drops_a_chains_deepest_keys_first_so_its_prefix_still_matches() -> None:
+    idx = PrefixIndex(4)
+    idx.add("a", keys("k1", "k2", "k3", "k4"))
+    idx.add("b", keys("x1", "x2"))  # two of a's keys must go: its deepest two
+    assert idx.matched(keys("k1", "k2", "k3", "k4"), ["a"]) == {"a": 2}
+    idx.add("c", keys("y1"))  # touched last, a's k1-k2 outlive b's chain, whose x2 goes first
+    assert idx.matched(keys("x1", "x2"), ["b"]) == {"b": 1}
+    assert idx.matched(keys("k1", "k2"), ["a"]) == {"a": 2}
 
 
 def test_forgetting_a_backend_leaves_the_others() -> None:
