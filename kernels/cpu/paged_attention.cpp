@@ -483,7 +483,7 @@ at::Tensor paged_decode_quant(const at::Tensor& q, const at::Tensor& kq, const a
                               const at::Tensor& vzero, const at::Tensor& stage_of,
                               const at::Tensor& stage_k, const at::Tensor& stage_v,
                               const at::Tensor& tables, const at::Tensor& lens, double scale,
-                              int64_t bits, int64_t isa) {
+                              int64_t bits, int64_t isa, const c10::optional<at::Tensor>& selected) {
   TORCH_CHECK_VALUE(bits == 4 || bits == 8, "bits must be 4 or 8");
   TORCH_CHECK_VALUE(kq.dim() == 4 && vq.sizes() == kq.sizes() && kq.scalar_type() == at::kByte &&
                         vq.scalar_type() == at::kByte, "codes must be uint8 [kv_heads, nb, bs, w]");
@@ -519,6 +519,15 @@ at::Tensor paged_decode_quant(const at::Tensor& q, const at::Tensor& kq, const a
   qt.slots = stage_k.size(1);
   TORCH_CHECK_VALUE(qt.stage_k.elem != Elem::U8 && qt.stage_v.elem != Elem::U8,
                     "staging must be fp32, bf16 or fp16");
+  if (selected.has_value()) {  // block-sparse over the codes: only the selected positions are read
+    const at::Tensor& sel = *selected;
+    TORCH_CHECK_VALUE(sel.dim() == 3 && sel.size(0) == p.batch && sel.size(1) == p.kv_heads,
+                      "selected must be [b, kv_heads, n]");
+    TORCH_CHECK_VALUE(p.queries == 1, "sparse decode takes one query row per request");
+    p.sparse = true;
+    p.selected = ints(sel);
+    p.num_selected = sel.size(2);
+  }
   return run(p, isa);
 }
 
@@ -534,8 +543,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   // the GIL is released while a kernel runs: the serving loop's Python thread goes on meanwhile
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
   mod.def("paged_decode", &pa::paged_decode, "dense paged decode attention -> [b, H, d] fp32", nogil);
-  mod.def("paged_decode_quant", &pa::paged_decode_quant, "int8 / int4 paged decode -> [b, H, d] fp32",
-          nogil);
+  mod.def("paged_decode_quant", &pa::paged_decode_quant,
+          "int8 / int4 paged decode, dense or over selected blocks -> [b, H, d] fp32", nogil);
   mod.def("sparse_paged_decode", &pa::sparse_paged_decode,
           "block-sparse paged decode -> [b, H, d] fp32", nogil);
   mod.def("prefill_attention", &pf::prefill_attention,

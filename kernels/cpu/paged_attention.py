@@ -212,15 +212,20 @@ def sparse_paged_decode_cpu(
     kv_heads, _, _, d = _check_cache(k_cache, v_cache)
     b = _check_query(q, kv_heads, d)
     _check_tables(b, block_tables, context_lens)
-    sel = _tensor("selected", selected, 3, INDICES)
-    if tuple(sel.shape[:2]) != (b, kv_heads):
-        raise ValueError(f"selected {tuple(sel.shape)} must be [b={b}, kv_heads={kv_heads}, n]")
+    _selected(selected, b, kv_heads)
     s = _check_scale(scale)
     level = _isa_level(isa)
     out = _module().sparse_paged_decode(
         _query32(q), k_cache, v_cache, block_tables, selected, context_lens, s, level
     )
     return _as(out, q.dtype)
+
+
+def _selected(selected: torch.Tensor, b: int, kv_heads: int) -> torch.Tensor:
+    sel = _tensor("selected", selected, 3, INDICES)
+    if tuple(sel.shape[:2]) != (b, kv_heads):
+        raise ValueError(f"selected {tuple(sel.shape)} must be [b={b}, kv_heads={kv_heads}, n]")
+    return sel
 
 
 def _check_quant(
@@ -273,6 +278,7 @@ def paged_decode_quant_cpu(
     scale: float,
     bits: int,
     *,
+    selected: torch.Tensor | None = None,
     isa: Isa | None = None,
 ) -> torch.Tensor:
     """Decode attention over the engine's int8 / int4 cache (cloud/engine/kv/quantized_cache.py):
@@ -280,10 +286,13 @@ def paged_decode_quant_cpu(
     [kv_heads, num_blocks, d] fp16 (key = kmin + code * key_scale(kmin, kmax)); vscale, vzero
     [kv_heads, num_blocks, bs] fp16 (value = vzero + code * vscale); stage_of [num_blocks] (-1 or
     the slot of a staged block, read in full precision from stage_k / stage_v [kv_heads, slots, bs,
-    d]); the rest as `paged_decode_cpu` (q [b, n, H, d] too). Returns q's shape in q's dtype."""
+    d]); the rest as `paged_decode_cpu` (q [b, n, H, d] too). Returns q's shape in q's dtype.
+    `selected`: block-sparse, as `sparse_paged_decode_cpu` (q [b, H, d], [b, kv_heads, n] positions)."""
     kv_heads, d = _check_quant(kq, vq, (kmin, kmax, vscale, vzero), stage_of, stage_k, stage_v, bits)
-    b = _check_query(q, kv_heads, d, rows=True)
+    b = _check_query(q, kv_heads, d, rows=selected is None)
     _check_tables(b, block_tables, context_lens)
+    if selected is not None:
+        selected = _selected(selected, b, kv_heads)
     s = _check_scale(scale)
     level = _isa_level(isa)
     out = _module().paged_decode_quant(
@@ -302,6 +311,7 @@ def paged_decode_quant_cpu(
         s,
         bits,
         level,
+        selected,
     )
     return _as(out, q.dtype)
 

@@ -286,6 +286,36 @@ def test_quantized_matches_reference_and_engine(
         torch.testing.assert_close(out[live], engine[live], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_sparse_over_a_quantized_cache_reads_only_the_selected_blocks(bits: int) -> None:
+    """Each head's selection (the row's last block, partly filled and staged, always among them) gives
+    what dense attention over a table of just those blocks gives."""
+    kv_heads, group, d, bs, lens = 3, 3, 64, 16, [150, 70]
+    cache, tables = _quant_cache(bits, kv_heads, d, bs, torch.float32, lens, seed=bits + 40)
+    gen = torch.Generator().manual_seed(bits)
+    q = torch.randn(len(lens), kv_heads * group, d, generator=gen)
+    width = 5
+    selected = torch.full((len(lens), kv_heads, width), -1, dtype=torch.int32)
+    picks: dict[tuple[int, int], list[int]] = {}
+    for r, n in enumerate(lens):
+        last = -(-n // bs) - 1
+        for h in range(kv_heads):
+            chosen = sorted(torch.randperm(last, generator=gen)[: width - 1 - h].tolist()) + [last]
+            picks[r, h] = chosen
+            selected[r, h, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+    inputs = _quant_inputs(cache)
+    ctx = torch.tensor(lens)
+    out = pa.paged_decode_quant_cpu(q, *inputs, tables, ctx, d**-0.5, bits, selected=selected)
+    for (r, h), chosen in picks.items():
+        table = tables[r, chosen][None]
+        n = (len(chosen) - 1) * bs + lens[r] - chosen[-1] * bs
+        want = paged_decode_quant_reference(q[r : r + 1], *inputs, table, torch.tensor([n]), d**-0.5, bits)
+        rows = slice(h * group, (h + 1) * group)
+        torch.testing.assert_close(out[r, rows], want[0, rows], atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="selected"):
+        pa.paged_decode_quant_cpu(q, *inputs, tables, ctx, d**-0.5, bits, selected=selected[:, :2])
+
+
 # -- sparse -------------------------------------------------------------------------------------
 
 

@@ -83,13 +83,15 @@ CASES = [
     ("cpu", "int4", {}),
     ("cpu", "auto", SPARSE),
     ("cpu", "auto", DUO),
+    ("cpu", "int4", SPARSE),
+    ("cpu", "int8", DUO),
 ]
 
 
 @pytest.mark.parametrize(
     "kernels, kv_dtype, overrides",
     CASES,
-    ids=[f"{k}-{('duo' if o is DUO else 'sparse') if o else d}" for k, d, o in CASES],
+    ids=[f"{k}-{d}" + ((f"-{'duo' if o is DUO else 'sparse'}") if o else "") for k, d, o in CASES],
 )
 def test_kernels_give_the_reference_logits_in_the_engine(
     loaded_model, kernels: str, kv_dtype: str, overrides
