@@ -300,7 +300,7 @@ def test_sparse_over_a_quantized_cache_reads_only_the_selected_blocks(bits: int)
     for r, n in enumerate(lens):
         last = -(-n // bs) - 1
         for h in range(kv_heads):
-            chosen = sorted(torch.randperm(last, generator=gen)[: width - 1 - h].tolist()) + [last]
+            chosen = [*sorted(torch.randperm(last, generator=gen)[: width - 1 - h].tolist()), last]
             picks[r, h] = chosen
             selected[r, h, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
     inputs = _quant_inputs(cache)
