@@ -24,7 +24,6 @@ import torch
 from cloud.engine.attention.dense import AttentionMetadata, context
 from shared.errors import InvalidRequestError
 
-DEFAULT_THRESHOLD = 0.1  # mean needle mass that makes a head a retrieval head
 # calibrations made for the registered models, by name (`ctxfuse bench longctx`'s, seed and cases in
 # longctx_calibrate.py)
 SHIPPED = Path(__file__).resolve().parents[2] / "model" / "heads"
@@ -53,7 +52,7 @@ class HeadCalibration(msgspec.Struct, kw_only=True):
     queries: int  # answer queries measured in all (the prompt's last, then each decode step's)
     mass: list[list[float]]  # [layer][query head]: mean dense attention mass on the needle
 
-    def dense_kv_heads(self, threshold: float = DEFAULT_THRESHOLD) -> torch.Tensor:
+    def dense_kv_heads(self, threshold: float) -> torch.Tensor:
         """[layers, kv_heads] bool: the KV heads with a query head at or above `threshold`."""
         m = torch.tensor(self.mass).view(self.num_layers, self.num_kv_heads, -1)
         return (m >= threshold).any(-1)
