@@ -18,11 +18,11 @@ from cloud.engine.config import (
     KV_DTYPES,
     SPECULATIVE,
     EngineConfig,
-    SparseConfig,
 )
 from cloud.engine.kv.prune_plan import OBSERVATION_WINDOW, POOL_KERNEL, SINK_TOKENS
 from cloud.model.formats import WEIGHT_QUANTS
 from ctxfuse.cli_values import non_negative_int, positive_int
+from ctxfuse.sparse_cli import add_sparse_options, sparse_config
 from shared.errors import CtxfuseError
 
 
@@ -175,56 +175,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="what the disk tier stores of a full-precision cache's blocks: auto (their own bytes) or int8 / "
         "int4 codes (the quantized KV cache's scheme: 1/4 or 1/8 of fp32's bytes, hot tiers stay exact)",
     )
-    s = d.sparse
-    g.add_argument(
-        "--attention",
-        choices=["dense", "sparse"],
-        default=d.attention,
-        help="dense (exact) or sparse: attention sinks + a recent window + the top KV blocks by key bounds "
-        "(Quest), within --sparse-budget tokens",
-    )
-    g.add_argument(
-        "--sparse-sinks", type=int, default=s.sinks, help=f"first tokens always attended ({s.sinks})"
-    )
-    g.add_argument(
-        "--sparse-window", type=int, default=s.window, help=f"recent tokens always attended ({s.window})"
-    )
-    g.add_argument(
-        "--sparse-budget", type=int, default=s.budget, help=f"tokens attended per query ({s.budget})"
-    )
-    g.add_argument(
-        "--sparse-dense-layers",
-        type=int,
-        default=s.dense_layers,
-        help=f"first layers that stay dense ({s.dense_layers})",
-    )
-    g.add_argument(
-        "--sparse-top-p",
-        type=float,
-        default=None,
-        help="keep the fewest selected blocks whose estimated attention mass reaches p (default off)",
-    )
-    g.add_argument(
-        "--sparse-select",
-        choices=("group", "head"),
-        default=s.select,
-        help="rank a KV head's blocks by the best bound over its query heads (group) or by each query "
-        f"head's own bound order (head) ({s.select})",
-    )
-    g.add_argument(
-        "--sparse-retrieval-heads",
-        default=s.retrieval_heads,
-        metavar="auto|none|FILE",
-        help="KV heads that retrieve (a head calibration) attend densely, the rest sparsely "
-        "(DuoAttention's split): auto (default) takes the calibration shipped for the model where there "
-        "is one; a FILE as `ctxfuse bench longctx --configs sparse-eighth-duo` writes it (heads.json)",
-    )
-    g.add_argument(
-        "--sparse-retrieval-threshold",
-        type=float,
-        default=s.retrieval_threshold,
-        help=f"mean needle attention mass that makes a head a retrieval head ({s.retrieval_threshold:g})",
-    )
+    add_sparse_options(g)
     g.add_argument(
         "--max-num-seqs",
         type=int,
@@ -354,16 +305,7 @@ def _engine_config(args: argparse.Namespace, spec: ModelSpec | None) -> EngineCo
         enable_prefix_caching=not args.no_prefix_caching,
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         attention=args.attention,
-        sparse=SparseConfig(
-            args.sparse_sinks,
-            args.sparse_window,
-            args.sparse_budget,
-            args.sparse_dense_layers,
-            args.sparse_top_p,
-            args.sparse_select,
-            args.sparse_retrieval_heads,
-            args.sparse_retrieval_threshold,
-        ),
+        sparse=sparse_config(args),
         kv_dtype=args.kv_dtype,
         kv_prune_budget=args.kv_prune_budget,
         rope_scaling=args.rope_scaling,

@@ -48,6 +48,7 @@ class LongCtxConfig:
     # retrieval heads dense (DuoAttention's split), from a head calibration (longctx_calibrate.py)
     retrieval: bool = False
     retrieval_threshold: float | None = None  # None: SparseConfig's default
+    reselect: int = 1  # SparseConfig.reselect: a decode step chooses its blocks every this many tokens
 
 
 CONFIGS: dict[str, LongCtxConfig] = {
@@ -65,13 +66,15 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("sparse-eighth-dense8", attention="sparse", budget_share=1 / 8, dense_layers=8),
         LongCtxConfig("sparse-eighth-topp", attention="sparse", budget_share=1 / 8, top_p=0.95),
         LongCtxConfig("sparse-eighth-int4", attention="sparse", budget_share=1 / 8, kv_dtype="int4"),
-        # the threshold pinned where the first pass measured it (0.1: 18 heads), whatever the default
+        # the threshold pinned where the first pass measured it (0.1: 18 heads), whatever the default;
+        # the retrieval-head configurations before -dense0 pin the two dense layers they ran with
         LongCtxConfig(
             "sparse-eighth-duo",
             attention="sparse",
             budget_share=1 / 8,
             retrieval=True,
             retrieval_threshold=0.1,
+            dense_layers=2,
         ),
         LongCtxConfig(
             "sparse-eighth-duo-int4",
@@ -79,6 +82,7 @@ CONFIGS: dict[str, LongCtxConfig] = {
             budget_share=1 / 8,
             retrieval=True,
             retrieval_threshold=0.1,
+            dense_layers=2,
             kv_dtype="int4",
         ),
         # fewer retrieval heads (11 of SmolLM2's 90 KV heads rather than 18): the default since its runs
@@ -88,6 +92,31 @@ CONFIGS: dict[str, LongCtxConfig] = {
             budget_share=1 / 8,
             retrieval=True,
             retrieval_threshold=0.2,
+            dense_layers=2,
+        ),
+        # the default's selection taken again for 4 tokens, or for as long as a row's newest block is
+        # open (16 with 16-token blocks)
+        *(
+            LongCtxConfig(
+                f"sparse-eighth-duo-0.2-r{n}",
+                attention="sparse",
+                budget_share=1 / 8,
+                retrieval=True,
+                retrieval_threshold=0.2,
+                reselect=n,
+                dense_layers=2,
+            )
+            for n in (4, 16)
+        ),
+        # and no layer dense but the retrieval heads: the first two layers are a fifth of what it reads
+        LongCtxConfig(
+            "sparse-eighth-duo-0.2-r4-dense0",
+            attention="sparse",
+            budget_share=1 / 8,
+            retrieval=True,
+            retrieval_threshold=0.2,
+            reselect=4,
+            dense_layers=0,
         ),
         LongCtxConfig("pruned-25", prune=0.25),
         LongCtxConfig("pruned-10", prune=0.10),
@@ -157,7 +186,9 @@ def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup)
     """The engine for one group, less its KV budget (sized once bytes per token are known)."""
     # retrieval heads only where the configuration asks (the worker names the file): the others
     # measure the selection alone
-    sparse = SparseConfig(select=config.sparse_select, top_p=config.top_p, retrieval_heads=None)
+    sparse = SparseConfig(
+        select=config.sparse_select, top_p=config.top_p, retrieval_heads=None, reselect=config.reselect
+    )
     if config.dense_layers is not None:
         sparse = replace(sparse, dense_layers=config.dense_layers)
     if config.sparse_budget is not None:

@@ -38,7 +38,9 @@ class SparseConfig:
     sinks: int = 64  # the first tokens, always attended (attention sinks)
     window: int = 256  # the most recent tokens, always attended
     budget: int = 2048  # tokens attended per query in all (sinks and window included)
-    dense_layers: int = 2  # the first layers stay dense
+    # the first layers stay dense; None: none where retrieval heads are dense (they keep what the first
+    # layers' wide attention needs: as accurate, a fifth less read at 16K), else 2
+    dense_layers: int | None = None
     top_p: float | None = None  # keep the fewest selected blocks whose estimated mass reaches p
     # how a KV head's blocks are ranked: "group", by the best bound over its query heads; "head", by
     # each query head's own bound order (a block's best place in any of them): a head whose bounds
@@ -51,6 +53,10 @@ class SparseConfig:
     # 0.2: SmolLM2's 11 heads (of 90) rather than 0.1's 18, as accurate up to 16K with 3/4 of the decode
     # attention (docs/benchmarks.md, "Usable context")
     retrieval_threshold: float = 0.2
+    # a decode step chooses its blocks afresh only every `reselect` tokens (and whenever a row opens a
+    # block or the batch changes); in between each layer takes its last selection (reselect.py). 4: as
+    # accurate as every token up to 16K, a tenth less decode attention there (docs/benchmarks.md)
+    reselect: int = 4
 
 
 LONG_PREFILL_TOKENS = 256  # the default cap; 12x faster first tokens for short prompts behind a long one

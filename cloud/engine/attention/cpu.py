@@ -163,23 +163,21 @@ class CpuKernelAttention(KernelAttention):
     ) -> torch.Tensor:
         """[r, kv_heads, n] int32 block positions (-1: none) for the sparse decode kernel: the compiled
         Quest selection (kernels/cpu/quest_select.cpp, 3-4x faster than PyTorch's in a 16K step)
-        where it applies (the group's bound, a fixed count, no probe watching), else the reference's."""
+        where it applies (the group's bound, a fixed count, no probe watching), else the reference's;
+        either taken again for `reselect` tokens."""
         c = s.config
         if self.quest and c.select == "group" and c.top_p is None and s.probe is None:
-            kmin, kmax = cache.key_bounds(layer)
             every = s.dense_heads[layer] if s.dense_heads is not None and layer in s.dense_prefill else None
-            return quest_select.quest_select_cpu(
+            return self.quest_selection(
+                s,
+                layer,
                 q,
-                kmin,
-                kmax,
+                cache,
                 tables,
                 lens,
-                s.sink_blocks,
-                s.window_blocks,
-                s.top_blocks,
-                block_size=cache.block_size,
+                quest_select.quest_select_cpu,
                 every=every,
-                check=layer == c.dense_layers,  # every sparse layer reads the same tables: checked once
+                check=layer == s.dense_layers,  # every sparse layer reads the same tables: checked once
             )
         sel, keep = s.select(layer, q, cache, tables, lens)
         return torch.where(keep, sel, -1).to(torch.int32)

@@ -96,20 +96,8 @@ class TritonAttention(KernelAttention):
             # the Triton selection ranks by the group's bound, a fixed count per head: the reference else
             return self._reference_decode(layer, q, cache, meta)
         s = self.sparse
-        kmin, kmax = cache.key_bounds(layer)
-        selected = quest_select(
-            q,
-            kmin,
-            kmax,
-            tables,
-            lens,
-            s.sink_blocks,
-            s.window_blocks,
-            s.top_blocks,
-            block_size=cache.block_size,
-        )
-        if layer in s.dense_prefill:  # this layer's retrieval heads attend to every block
-            selected = s.with_retrieval_heads(layer, selected, tables.shape[1])
+        # the layer's retrieval heads attend to every block: widened after the kernel
+        selected = self.quest_selection(s, layer, q, cache, tables, lens, quest_select, widen=True)
         return sparse_paged_decode(q, kc, vc, tables, selected, lens, scale)
 
     def _reference_decode(

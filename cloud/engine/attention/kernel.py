@@ -5,10 +5,17 @@ the same dense or sparse path the reference itself would take."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from cloud.engine.attention.dense import AnyKVCache, AttentionMetadata, DenseAttention, PrefillSeq
+from cloud.engine.attention.reselect import SelectionReuse
 from cloud.engine.attention.sparse import SparseAttention
+
+# a Quest selection kernel (kernels/triton/quest_select.py, kernels/cpu/quest_select.py): q, kmin,
+# kmax, tables, lens, sink blocks, window blocks, top blocks, block_size= -> [r, kv_heads, n] positions
+QuestSelect = Callable[..., torch.Tensor]
 
 
 class KernelAttention:
@@ -16,10 +23,50 @@ class KernelAttention:
         self.reference = reference
         self.sparse = reference if isinstance(reference, SparseAttention) else None
         self.dense = reference.dense if isinstance(reference, SparseAttention) else reference
+        # the selection kernel's choices, taken again for `reselect` tokens (reselect.py)
+        s = self.sparse
+        every, block_size = (s.config.reselect, s.block_size) if s is not None else (1, 1)
+        self.reuse: SelectionReuse[torch.Tensor] = SelectionReuse(every, block_size)
 
     def sparse_layer(self, layer: int) -> bool:
         """Whether this layer attends sparsely (sparse attention, past its dense layers)."""
-        return self.sparse is not None and layer >= self.sparse.config.dense_layers
+        return self.sparse is not None and layer >= self.sparse.dense_layers
+
+    def quest_selection(
+        self,
+        s: SparseAttention,
+        layer: int,
+        q: torch.Tensor,
+        cache: AnyKVCache,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        select: QuestSelect,
+        widen: bool = False,
+        **options: object,
+    ) -> torch.Tensor:
+        """[r, kv_heads, n] block positions (-1: none) from a Quest selection kernel, or the ones it chose
+        for this layer a few tokens ago where they still stand; `options` go to the kernel. widen: the
+        kernel leaves the layer's retrieval heads to this (they take every block of the table)."""
+        kept = self.reuse.lookup(layer, tables, lens)
+        if kept is not None:
+            return kept
+        kmin, kmax = cache.key_bounds(layer)
+        selected = select(
+            q,
+            kmin,
+            kmax,
+            tables,
+            lens,
+            s.sink_blocks,
+            s.window_blocks,
+            s.top_blocks,
+            block_size=cache.block_size,
+            **options,
+        )
+        if widen and layer in s.dense_prefill:
+            selected = s.with_retrieval_heads(layer, selected, tables.shape[1])
+        self.reuse.keep(layer, selected)
+        return selected
 
     def reference_prefill(
         self,

@@ -11,9 +11,13 @@ Retrieval heads (retrieval_heads.py, DuoAttention's split): KV heads that a cali
 fetching facts from far back attend to every block, the others as above; a layer holding one
 prefills densely.
 
+Re-selection (`config.reselect`, reselect.py): a decode step may take the blocks each layer chose a
+few tokens before, until the row opens a block or the batch changes.
+
 Exactness: a query whose context fits in the budget takes the dense path, so with a budget at least
 the context length the outputs are the dense ones bit for bit. The first `dense_layers` layers are
-always dense (early layers spread attention widely; the bound picks poorly there).
+dense (early layers spread attention widely; the bound picks poorly there): two by default, none
+where retrieval heads are dense, which keep what those layers need.
 
 Prefill: a chunk after more than `budget` cached tokens attends to sinks + the top blocks of the
 far prefix (scored by the chunk's last queries, which carry the question when the chunk is the
@@ -34,11 +38,13 @@ from cloud.engine.attention.dense import (
     context,
     shift_sinks,
 )
+from cloud.engine.attention.reselect import SelectionReuse
 from cloud.engine.attention.sparse_probe import SelectionProbe
 from cloud.engine.config import SparseConfig
 from shared.errors import InvalidRequestError
 
 OBSERVED_QUERIES = 64  # a prefill chunk's last queries that choose its far blocks
+DENSE_LAYERS = 2  # the first layers kept dense when no retrieval heads are (SparseConfig.dense_layers)
 
 
 class SparseAttention:
@@ -61,6 +67,15 @@ class SparseAttention:
         self.dense_heads = dense_heads
         with_dense = [] if dense_heads is None else dense_heads.any(-1).nonzero()[:, 0].tolist()
         self.dense_prefill = set(with_dense)
+        # the first layers attended densely: config.dense_layers, or by default none beside retrieval heads
+        default = DENSE_LAYERS if dense_heads is None else 0
+        self.dense_layers = default if config.dense_layers is None else config.dense_layers
+        if config.reselect < 1:
+            raise InvalidRequestError(f"--sparse-reselect must be at least 1 token, not {config.reselect}")
+        # this path's selections, taken again for `reselect` tokens (the probe watches fresh ones only)
+        self.reuse: SelectionReuse[tuple[torch.Tensor, torch.Tensor]] = SelectionReuse(
+            config.reselect, block_size
+        )
         if self.top_blocks < 0:
             raise InvalidRequestError(
                 f"the sparse budget ({config.budget} tokens) must cover the sinks ({config.sinks}) "
@@ -76,7 +91,7 @@ class SparseAttention:
         cache: AnyKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        if layer < self.config.dense_layers:
+        if layer < self.dense_layers:
             return self.dense(layer, q, k, v, cache, meta)
         out = torch.empty_like(q)
         if meta.num_decode:
@@ -101,9 +116,7 @@ class SparseAttention:
         """Whether a prefill chunk after `start_pos` cached tokens attends sparsely at `layer`: past the
         budget, past the dense layers, in a layer without retrieval heads. Every backend asks this."""
         return (
-            start_pos > self.config.budget
-            and layer >= self.config.dense_layers
-            and layer not in self.dense_prefill
+            start_pos > self.config.budget and layer >= self.dense_layers and layer not in self.dense_prefill
         )
 
     # -- decode -----------------------------------------------------------------------------
@@ -166,7 +179,11 @@ class SparseAttention:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Which blocks each (row, KV head) attends to: block positions [r, kvh, n] in context order
         (sinks, the top middle blocks, the window) and whether each is kept [r, kvh, n] (a row with
-        fewer middle blocks than the top count, or past top_p, pads with dropped entries)."""
+        fewer middle blocks than the top count, or past top_p, pads with dropped entries). Taken from
+        an earlier step while it stands (`config.reselect`, reselect.py)."""
+        kept = None if self.probe is not None else self.reuse.lookup(layer, tables, lens)
+        if kept is not None:
+            return kept
         r, _, d = q.shape
         kvh, g, bs = self.dense.num_kv_heads, self.dense.group, self.block_size
         nb = tables.shape[1]
@@ -200,6 +217,8 @@ class SparseAttention:
             sel, keep = torch.where(retrieval, every, sel), torch.where(retrieval, live, keep)
         if self.probe is not None:
             self.probe.decode(self, layer, q, cache, tables, lens, sel, keep, key)
+        else:
+            self.reuse.keep(layer, (sel, keep))
         return sel, keep
 
     def with_retrieval_heads(self, layer: int, selected: torch.Tensor, nb: int) -> torch.Tensor:
