@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloud.engine.attention.sparse import DENSE_LAYERS
-from cloud.engine.config import EngineConfig, SparseConfig
+from cloud.engine.config import DENSE_LAYERS, EngineConfig, SparseConfig
 from ctxfuse.cli_values import non_negative_int, positive_int
 
 

@@ -31,6 +31,9 @@ CPU_KV_CACHE_GIB = 2.0  # the KV budget on CPU when none is given (on a GPU: a s
 GPU_MEMORY_UTILIZATION = 0.9  # the share of a GPU's memory the engine may take (vLLM's default)
 
 
+DENSE_LAYERS = 2  # the first layers a sparse engine keeps dense when no retrieval heads are
+
+
 @dataclass(frozen=True, slots=True)
 class SparseConfig:
     """Block-sparse attention (Quest-style): sinks + recent window + top-k blocks by key bounds."""

@@ -40,11 +40,10 @@ from cloud.engine.attention.dense import (
 )
 from cloud.engine.attention.reselect import SelectionReuse
 from cloud.engine.attention.sparse_probe import SelectionProbe
-from cloud.engine.config import SparseConfig
+from cloud.engine.config import DENSE_LAYERS, SparseConfig
 from shared.errors import InvalidRequestError
 
 OBSERVED_QUERIES = 64  # a prefill chunk's last queries that choose its far blocks
-DENSE_LAYERS = 2  # the first layers kept dense when no retrieval heads are (SparseConfig.dense_layers)
 
 
 class SparseAttention:
