@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from cloud.engine.config import AttentionKind, EngineConfig, KVDType, OffloadDType, SparseConfig
 
@@ -51,6 +51,19 @@ class LongCtxConfig:
     reselect: int = 1  # SparseConfig.reselect: a decode step chooses its blocks every this many tokens
 
 
+def _duo(name: str, threshold: float, dense_layers: int, **changes: Any) -> LongCtxConfig:
+    """Sparse at an eighth of the context with retrieval heads dense (DuoAttention's split)."""
+    return LongCtxConfig(
+        name,
+        attention="sparse",
+        budget_share=1 / 8,
+        retrieval=True,
+        retrieval_threshold=threshold,
+        dense_layers=dense_layers,
+        **changes,
+    )
+
+
 CONFIGS: dict[str, LongCtxConfig] = {
     c.name: c
     for c in (
@@ -68,56 +81,17 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("sparse-eighth-int4", attention="sparse", budget_share=1 / 8, kv_dtype="int4"),
         # the threshold pinned where the first pass measured it (0.1: 18 heads), whatever the default;
         # the retrieval-head configurations before -dense0 pin the two dense layers they ran with
-        LongCtxConfig(
-            "sparse-eighth-duo",
-            attention="sparse",
-            budget_share=1 / 8,
-            retrieval=True,
-            retrieval_threshold=0.1,
-            dense_layers=2,
-        ),
-        LongCtxConfig(
-            "sparse-eighth-duo-int4",
-            attention="sparse",
-            budget_share=1 / 8,
-            retrieval=True,
-            retrieval_threshold=0.1,
-            dense_layers=2,
-            kv_dtype="int4",
-        ),
-        # fewer retrieval heads (11 of SmolLM2's 90 KV heads rather than 18): the default since its runs
-        LongCtxConfig(
-            "sparse-eighth-duo-0.2",
-            attention="sparse",
-            budget_share=1 / 8,
-            retrieval=True,
-            retrieval_threshold=0.2,
-            dense_layers=2,
-        ),
-        # the default's selection taken again for 4 tokens, or for as long as a row's newest block is
-        # open (16 with 16-token blocks)
-        *(
-            LongCtxConfig(
-                f"sparse-eighth-duo-0.2-r{n}",
-                attention="sparse",
-                budget_share=1 / 8,
-                retrieval=True,
-                retrieval_threshold=0.2,
-                reselect=n,
-                dense_layers=2,
-            )
-            for n in (4, 16)
-        ),
-        # and no layer dense but the retrieval heads: the first two layers are a fifth of what it reads
-        LongCtxConfig(
-            "sparse-eighth-duo-0.2-r4-dense0",
-            attention="sparse",
-            budget_share=1 / 8,
-            retrieval=True,
-            retrieval_threshold=0.2,
-            reselect=4,
-            dense_layers=0,
-        ),
+        _duo("sparse-eighth-duo", 0.1, 2),
+        _duo("sparse-eighth-duo-int4", 0.1, 2, kv_dtype="int4"),
+        # fewer retrieval heads (11 of SmolLM2's 90 KV heads rather than 18)
+        _duo("sparse-eighth-duo-0.2", 0.2, 2),
+        # its selection taken again for 4 tokens, or for as long as a row's newest block is open (16
+        # with 16-token blocks)
+        _duo("sparse-eighth-duo-0.2-r4", 0.2, 2, reselect=4),
+        _duo("sparse-eighth-duo-0.2-r16", 0.2, 2, reselect=16),
+        # and no layer dense but the retrieval heads: the default since its runs (the first two layers
+        # are a quarter of what a sparse step reads at 16K)
+        _duo("sparse-eighth-duo-0.2-r4-dense0", 0.2, 0, reselect=4),
         LongCtxConfig("pruned-25", prune=0.25),
         LongCtxConfig("pruned-10", prune=0.10),
         LongCtxConfig("cold-int8", cold="int8"),

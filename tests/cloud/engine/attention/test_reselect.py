@@ -14,11 +14,11 @@ from cloud.engine.attention.reselect import SelectionReuse
 from cloud.engine.attention.sparse import SparseAttention
 from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
-from cloud.engine.sampling.sampler import Sampler, SamplingBatch
 from ctxfuse.engine_cli import add_engine_options, engine_config
 from kernels.cpu.paged_attention import available as cpu_kernels_available
-from shared.engine_types import SampleResult, SamplingParams
+from shared.engine_types import SamplingParams
 from shared.errors import InvalidRequestError
+from tests.cloud.engine.recording import RecordingSampler
 
 BS = 8
 
@@ -92,16 +92,6 @@ def test_a_count_below_one_is_refused_with_the_reason() -> None:
     assert engine_config(parser.parse_args(["--sparse-reselect", "4"])).sparse.reselect == 4
 
 
-class _Recorder(Sampler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.logits: list[torch.Tensor] = []
-
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampleResult]:
-        self.logits.append(logits.clone())
-        return super().__call__(logits, batch)
-
-
 def _generate(loaded_model, kernels: str, reselect: int, kv_dtype: str):  # type: ignore[no-untyped-def]
     """A 40-token prompt past a 3-block budget, 8 tokens greedy; a 25-token one joins at the third (the
     batch changes) and leaves first. No block completes while decoding: an int8 / int4 block rounds its
@@ -120,7 +110,7 @@ def _generate(loaded_model, kernels: str, reselect: int, kv_dtype: str):  # type
         sparse=SparseConfig(sinks=8, window=8, budget=24, dense_layers=2, reselect=reselect),
     )
     core = EngineCore(config, loaded_model)
-    rec = _Recorder()
+    rec = RecordingSampler()
     core.runner.sampler = rec
     doc = core.tokenizer.encode("The Rhine begins in the Swiss Alps and flows to the North Sea. " * 4)
     core.add_request("long", doc[:40], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
@@ -143,8 +133,10 @@ def test_the_compiled_path_reuses_what_the_reference_reuses(loaded_model, kv_dty
     ref_tokens, ref_logits, ref_counts = _generate(loaded_model, "torch", 4, kv_dtype)
     got_tokens, got_logits, got_counts = _generate(loaded_model, "cpu", 4, kv_dtype)
     assert got_tokens == ref_tokens
-    for a, b in zip(got_logits, ref_logits, strict=True):
-        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
+    assert got_logits.keys() == ref_logits.keys()
+    for rid, rows in got_logits.items():
+        for a, b in zip(rows, ref_logits[rid], strict=True):
+            torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
     chosen, reused = got_counts
     assert got_counts == ref_counts
     assert reused > chosen > 0  # most steps took an earlier selection; blocks and joins chose afresh
