@@ -72,6 +72,15 @@ def add_sparse_options(g: argparse._ArgumentGroup) -> None:
         "block); in between each layer attends to the blocks it chose last: fewer selections, a staler "
         f"choice ({s.reselect}; 1: every step, as Quest)",
     )
+    g.add_argument(
+        "--sparse-score-block",
+        type=positive_int,
+        default=s.score_block,
+        metavar="TOKENS",
+        help="score blocks by key summaries of this many tokens, a divisor of the KV block (default: one "
+        "per block): a tighter bound for the same blocks read, the summaries' memory times "
+        "block / TOKENS, selection in PyTorch (full-precision or fp8 KV)",
+    )
 
 
 def sparse_config(args: argparse.Namespace) -> SparseConfig:
@@ -85,4 +94,5 @@ def sparse_config(args: argparse.Namespace) -> SparseConfig:
         args.sparse_retrieval_heads,
         args.sparse_retrieval_threshold,
         args.sparse_reselect,
+        args.sparse_score_block,
     )

@@ -49,14 +49,18 @@ class LongCtxConfig:
     retrieval: bool = False
     retrieval_threshold: float | None = None  # None: SparseConfig's default
     reselect: int = 1  # SparseConfig.reselect: a decode step chooses its blocks every this many tokens
+    score_block: int | None = None  # SparseConfig.score_block: tokens per key summary (None: a block)
 
 
-def _duo(name: str, threshold: float, dense_layers: int, **changes: Any) -> LongCtxConfig:
-    """Sparse at an eighth of the context with retrieval heads dense (DuoAttention's split)."""
+def _duo(
+    name: str, threshold: float, dense_layers: int, share: float = 1 / 8, **changes: Any
+) -> LongCtxConfig:
+    """Sparse at a share of the context (an eighth unless told) with retrieval heads dense
+    (DuoAttention's split)."""
     return LongCtxConfig(
         name,
         attention="sparse",
-        budget_share=1 / 8,
+        budget_share=share,
         retrieval=True,
         retrieval_threshold=threshold,
         dense_layers=dense_layers,
@@ -79,6 +83,9 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("sparse-eighth-dense8", attention="sparse", budget_share=1 / 8, dense_layers=8),
         LongCtxConfig("sparse-eighth-topp", attention="sparse", budget_share=1 / 8, top_p=0.95),
         LongCtxConfig("sparse-eighth-int4", attention="sparse", budget_share=1 / 8, kv_dtype="int4"),
+        # blocks scored by summaries of 8 or 4 of their 16 tokens (the same blocks read)
+        LongCtxConfig("sparse-eighth-score8", attention="sparse", budget_share=1 / 8, score_block=8),
+        LongCtxConfig("sparse-eighth-score4", attention="sparse", budget_share=1 / 8, score_block=4),
         # the threshold pinned where the first pass measured it (0.1: 18 heads), whatever the default;
         # the retrieval-head configurations before -dense0 pin the two dense layers they ran with
         _duo("sparse-eighth-duo", 0.1, 2),
@@ -92,6 +99,8 @@ CONFIGS: dict[str, LongCtxConfig] = {
         # and no layer dense but the retrieval heads: the default since its runs (the first two layers
         # are a quarter of what a sparse step reads at 16K)
         _duo("sparse-eighth-duo-0.2-r4-dense0", 0.2, 0, reselect=4),
+        # the same at half the budget: the Quest heads read half as many blocks
+        _duo("sparse-sixteenth-duo-0.2-r4-dense0", 0.2, 0, share=1 / 16, reselect=4),
         LongCtxConfig("pruned-25", prune=0.25),
         LongCtxConfig("pruned-10", prune=0.10),
         LongCtxConfig("cold-int8", cold="int8"),
@@ -101,8 +110,9 @@ CONFIGS: dict[str, LongCtxConfig] = {
     )
 }
 REFERENCE = "dense"
-# one change each to the selection at a budget of an eighth of the context: run when asked for
-ABLATIONS = tuple(name for name in CONFIGS if name.startswith("sparse-eighth-"))
+# one change each to the selection at a budget of an eighth (or a sixteenth) of the context: run when
+# asked for
+ABLATIONS = tuple(name for name in CONFIGS if name.startswith(("sparse-eighth-", "sparse-sixteenth-")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +171,11 @@ def engine_config(base: EngineConfig, config: LongCtxConfig, group: EngineGroup)
     # retrieval heads only where the configuration asks (the worker names the file): the others
     # measure the selection alone
     sparse = SparseConfig(
-        select=config.sparse_select, top_p=config.top_p, retrieval_heads=None, reselect=config.reselect
+        select=config.sparse_select,
+        top_p=config.top_p,
+        retrieval_heads=None,
+        reselect=config.reselect,
+        score_block=config.score_block,
     )
     if config.dense_layers is not None:
         sparse = replace(sparse, dense_layers=config.dense_layers)

@@ -60,6 +60,10 @@ class SparseConfig:
     # block or the batch changes); in between each layer takes its last selection (reselect.py). 4: as
     # accurate as every token up to 16K, a tenth less decode attention there (docs/benchmarks.md)
     reselect: int = 4
+    # tokens a key summary covers when scoring blocks: None, a whole block; fewer (a divisor of the
+    # block size, full-precision caches only) bounds each block by its best part, a tighter bound for
+    # the same blocks read (the summaries take block_size / score_block times the memory)
+    score_block: int | None = None
 
 
 LONG_PREFILL_TOKENS = 256  # the default cap; 12x faster first tokens for short prompts behind a long one

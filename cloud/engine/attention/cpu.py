@@ -163,10 +163,17 @@ class CpuKernelAttention(KernelAttention):
     ) -> torch.Tensor:
         """[r, kv_heads, n] int32 block positions (-1: none) for the sparse decode kernel: the compiled
         Quest selection (kernels/cpu/quest_select.cpp, 3-4x faster than PyTorch's in a 16K step)
-        where it applies (the group's bound, a fixed count, no probe watching), else the reference's;
+        where it applies (the group's bound, a fixed count, a summary per block, no probe watching),
+        else the reference's;
         either taken again for `reselect` tokens."""
         c = s.config
-        if self.quest and c.select == "group" and c.top_p is None and s.probe is None:
+        if (
+            self.quest
+            and c.select == "group"
+            and c.top_p is None
+            and s.summary_parts == 1
+            and s.probe is None
+        ):
             every = s.dense_heads[layer] if s.dense_heads is not None and layer in s.dense_prefill else None
             return self.quest_selection(
                 s,

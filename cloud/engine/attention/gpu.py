@@ -91,11 +91,11 @@ class TritonAttention(KernelAttention):
         kc, vc = cache.blocks_view(layer)
         if not sparse or self.sparse is None:
             return paged_decode(q, kc, vc, tables, lens, scale)
-        c = self.sparse.config
-        if c.top_p is not None or c.select != "group":
-            # the Triton selection ranks by the group's bound, a fixed count per head: the reference else
-            return self._reference_decode(layer, q, cache, meta)
         s = self.sparse
+        if s.config.top_p is not None or s.config.select != "group" or s.summary_parts > 1:
+            # the Triton selection ranks by the group's bound over whole blocks, a fixed count per head:
+            # the reference else
+            return self._reference_decode(layer, q, cache, meta)
         # the layer's retrieval heads attend to every block: widened after the kernel
         selected = self.quest_selection(s, layer, q, cache, tables, lens, quest_select, widen=True)
         return sparse_paged_decode(q, kc, vc, tables, selected, lens, scale)

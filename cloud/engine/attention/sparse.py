@@ -14,6 +14,9 @@ prefills densely.
 Re-selection (`config.reselect`, reselect.py): a decode step may take the blocks each layer chose a
 few tokens before, until the row opens a block or the batch changes.
 
+Scoring blocks (`config.score_block`): a block may keep a key summary per part of it (key_summary.py);
+its bound is then its best part's, never looser than the whole block's, and the same blocks are read.
+
 Exactness: a query whose context fits in the budget takes the dense path, so with a budget at least
 the context length the outputs are the dense ones bit for bit. The first `dense_layers` layers are
 dense (early layers spread attention widely; the bound picks poorly there): two by default, none
@@ -71,6 +74,12 @@ class SparseAttention:
         self.dense_layers = default if config.dense_layers is None else config.dense_layers
         if config.reselect < 1:
             raise InvalidRequestError(f"--sparse-reselect must be at least 1 token, not {config.reselect}")
+        score = config.score_block or block_size
+        if score < 1 or block_size % score:
+            raise InvalidRequestError(
+                f"--sparse-score-block {score} must divide the {block_size}-token KV block"
+            )
+        self.summary_parts = block_size // score  # key summaries per block (the compiled selections take 1)
         # this path's selections, taken again for `reselect` tokens (the probe watches fresh ones only)
         self.reuse: SelectionReuse[tuple[torch.Tensor, torch.Tensor]] = SelectionReuse(
             config.reselect, block_size
@@ -238,15 +247,21 @@ class SparseAttention:
     ) -> torch.Tensor:
         """Quest upper bounds. qg: [..., kvh, m, d] queries by KV head; tables: [..., nb] block ids
         -> [..., kvh, nb]: per block, the best bound over the m queries. With `heads`, the m rows are
-        that many query heads' runs of queries, each bounded apart: -> [..., kvh, heads, nb]."""
-        kmin, kmax = cache.key_bounds(layer)  # [kvh, blocks, d]
-        bmin = kmin[:, tables].movedim(0, -3).float()  # [..., kvh, nb, d]
-        bmax = kmax[:, tables].movedim(0, -3).float()
+        that many query heads' runs of queries, each bounded apart: -> [..., kvh, heads, nb]. A block
+        kept in parts is bounded by its best part."""
+        kmin, kmax = cache.key_bounds(layer)  # [kvh, blocks, d], or [kvh, blocks, parts, d]
+        parts = 1 if kmin.dim() == 3 else kmin.shape[2]
+        if parts > 1:  # the parts in a row of their own, bounded apart: [..., nb * parts, d]
+            bmin = kmin[:, tables].movedim(0, -4).flatten(-3, -2).float()
+            bmax = kmax[:, tables].movedim(0, -4).flatten(-3, -2).float()
+        else:
+            bmin = kmin[:, tables].movedim(0, -3).float()  # [..., kvh, nb, d]
+            bmax = kmax[:, tables].movedim(0, -3).float()
         qf = qg.float()
         if heads:
             qf, bmin, bmax = qf.unflatten(-2, (heads, -1)), bmin.unsqueeze(-3), bmax.unsqueeze(-3)
-        ub = qf.clamp(min=0) @ bmax.transpose(-1, -2) + qf.clamp(max=0) @ bmin.transpose(-1, -2)
-        return ub.amax(-2)
+        ub = (qf.clamp(min=0) @ bmax.transpose(-1, -2) + qf.clamp(max=0) @ bmin.transpose(-1, -2)).amax(-2)
+        return ub if parts == 1 else ub.unflatten(-1, (-1, parts)).amax(-1)
 
     def _scored(
         self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor, drop: torch.Tensor | None

@@ -34,7 +34,9 @@ class KVCache:
         device: torch.device | str = "cpu",
         layout: PageLayout | None = None,
         page_map: torch.Tensor | None = None,
+        summary_parts: int = 1,
     ) -> None:
+        """summary_parts: key summaries per block (sparse attention's score_block, key_summary.py)."""
         self.device = torch.device(device)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -55,11 +57,14 @@ class KVCache:
         self.page_map = None if layout is None else page_map_for(num_blocks, layout, page_map, self.device)
         if layout is not None and track_summaries:
             raise ValueError("key summaries (sparse attention) need the plain layout")
+        if block_size % summary_parts:
+            raise ValueError(f"{summary_parts} key summaries do not split a {block_size}-token block")
         self.summaries = (
-            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim, self.device)
+            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim, self.device, summary_parts)
             if track_summaries
             else None
         )
+        self.summary_tokens = block_size // summary_parts  # the tokens one key summary covers
         self._step: StepSlots | None = None
 
     @staticmethod
@@ -82,22 +87,26 @@ class KVCache:
         dtype: torch.dtype,
         block_size: int = 16,
         track_summaries: bool = False,
+        summary_parts: int = 1,
     ) -> float:
         size: float = 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         if track_summaries:
-            size += KeySummaries.bytes_per_token(num_layers, num_kv_heads, head_dim, block_size)
+            size += KeySummaries.bytes_per_token(
+                num_layers, num_kv_heads, head_dim, block_size, summary_parts
+            )
         return float(size)
 
     def begin_step(self, slot_mapping: torch.Tensor, device_slots: torch.Tensor | None = None) -> None:
         """Called once per step before the layers write: where the step's tokens go (only the key
         summaries need it). device_slots: the same slots on the cache's device, as `write` gets them."""
         if self.summaries is not None:
-            self._step = StepSlots.of(slot_mapping if device_slots is None else device_slots, self.block_size)
+            slots = slot_mapping if device_slots is None else device_slots
+            self._step = StepSlots.of(slots, self.summary_tokens)
 
     def _slots(self, slot_mapping: torch.Tensor) -> StepSlots:
         step = self._step
         if step is None or step.slots is not slot_mapping:
-            step = self._step = StepSlots.of(slot_mapping, self.block_size)
+            step = self._step = StepSlots.of(slot_mapping, self.summary_tokens)
         return step
 
     def pages(self, layer: int, blocks: torch.Tensor) -> torch.Tensor:
@@ -142,7 +151,8 @@ class KVCache:
         """Blocks were written whole from a tier (nothing to do here: a slot holds all it needs)."""
 
     def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per block key min and max: [kv_heads, num_blocks, d] fp16 each."""
+        """Per block key min and max: [kv_heads, num_blocks, d] fp16 each, or [kv_heads, num_blocks,
+        parts, d] with several summaries per block."""
         if self.summaries is None:
             raise RuntimeError("this KV cache keeps no key summaries (sparse attention turns them on)")
         return self.summaries.kmin[layer], self.summaries.kmax[layer]

@@ -35,6 +35,7 @@ class Fp8KVCache(KVCache):
         device: torch.device | str = "cpu",
         layout: PageLayout | None = None,
         page_map: torch.Tensor | None = None,
+        summary_parts: int = 1,
     ) -> None:
         super().__init__(
             num_layers,
@@ -47,6 +48,7 @@ class Fp8KVCache(KVCache):
             device,
             layout,
             page_map,
+            summary_parts,
         )
         # [layers, 2 (keys, values), kv_heads] fp32
         self.scales = torch.ones(num_layers, 2, num_kv_heads, dtype=torch.float32, device=self.device)
@@ -63,9 +65,10 @@ class Fp8KVCache(KVCache):
         dtype: torch.dtype,
         block_size: int = 16,
         track_summaries: bool = False,
+        summary_parts: int = 1,
     ) -> float:
         return KVCache.bytes_per_token(
-            num_layers, num_kv_heads, head_dim, torch.uint8, block_size, track_summaries
+            num_layers, num_kv_heads, head_dim, torch.uint8, block_size, track_summaries, summary_parts
         )
 
     def encode(self, layer: int, x: torch.Tensor, which: int) -> torch.Tensor:

@@ -4,6 +4,11 @@ them as its key zero points and scales, so they cost a quantized cache nothing e
 
 They are taken from the keys as written, before any quantization, and kept right as blocks fill
 and are reused: a block whose first slot is written this step starts over from +inf / -inf.
+
+With `parts` > 1 (sparse attention's `score_block`, full-precision caches only) each block keeps a
+summary per run of block_size / parts tokens, [kv_heads, num_blocks, parts, d]: still indexed by
+block id on axis 1, so a tier or a block copy moves them with their block. Each part starts over
+when its own first slot is written.
 """
 
 from __future__ import annotations
@@ -37,19 +42,32 @@ class KeySummaries:
         num_kv_heads: int,
         head_dim: int,
         device: torch.device | str = "cpu",
+        parts: int = 1,
     ) -> None:
-        shape = (num_kv_heads, num_blocks, head_dim)
+        if parts < 1:
+            raise ValueError(f"a block's summaries come in at least one part, not {parts}")
+        self.parts = parts
+        shape = (
+            (num_kv_heads, num_blocks, head_dim)
+            if parts == 1
+            else (num_kv_heads, num_blocks, parts, head_dim)
+        )
         f16 = torch.float16
         self.kmin = [torch.full(shape, torch.inf, dtype=f16, device=device) for _ in range(num_layers)]
         self.kmax = [torch.full(shape, -torch.inf, dtype=f16, device=device) for _ in range(num_layers)]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int) -> float:
-        return 2 * 2 * num_layers * num_kv_heads * head_dim / block_size
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, parts: int = 1
+    ) -> float:
+        return 2 * 2 * num_layers * num_kv_heads * head_dim * parts / block_size
 
     def update(self, layer: int, k: torch.Tensor, step: StepSlots) -> None:
-        """k: [tokens, kv_heads, d], the step's new keys in slot order."""
+        """k: [tokens, kv_heads, d], the step's new keys in slot order; `step` in units of one summary
+        (block_size / parts tokens)."""
         kmin, kmax = self.kmin[layer], self.kmax[layer]
+        if self.parts > 1:  # the parts in slot order: part p of block b is summary b * parts + p
+            kmin, kmax = kmin.flatten(1, 2), kmax.flatten(1, 2)
         if step.restarted.numel():
             kmin[:, step.restarted] = torch.inf
             kmax[:, step.restarted] = -torch.inf

@@ -51,6 +51,7 @@ class KVPlan:
     max_model_len: int
     track_summaries: bool
     layout: PageLayout | None = None  # per layer type (bytes_per_token is then a page's: global layers)
+    summary_parts: int = 1  # key summaries per block (sparse attention's score_block)
 
     def describe(self) -> str:
         gib = self.budget_bytes / 2**30
@@ -134,14 +135,15 @@ def plan_kv(
     if layout is not None:
         layers = layout.num_slots  # a page holds the global layers' tokens
     summaries = config.attention == "sparse"
+    parts = summary_parts(config, bs) if summaries else 1
     budget, source = kv_budget_bytes(config, device, gpu)
     staging = 0
     if config.kv_dtype == "auto":
         name = config.run_dtype
-        bpt = KVCache.bytes_per_token(layers, kvh, d, config.torch_dtype, bs, summaries)
+        bpt = KVCache.bytes_per_token(layers, kvh, d, config.torch_dtype, bs, summaries, parts)
     elif config.kv_dtype == "fp8":
         name = "fp8"
-        bpt = Fp8KVCache.bytes_per_token(layers, kvh, d, config.torch_dtype, bs, summaries)
+        bpt = Fp8KVCache.bytes_per_token(layers, kvh, d, config.torch_dtype, bs, summaries, parts)
     else:
         name = config.kv_dtype
         bpt = QuantizedKVCache.bytes_per_token(layers, kvh, d, BITS[name], bs)
@@ -166,7 +168,25 @@ def plan_kv(
             "raise --kv-cache-memory or lower --max-model-len"
         )
     max_len = min(config.max_model_len or model_context, capacity)
-    return KVPlan(name, bs, bpt, budget, source, staging, num_blocks, max_len, summaries, layout)
+    return KVPlan(name, bs, bpt, budget, source, staging, num_blocks, max_len, summaries, layout, parts)
+
+
+def summary_parts(config: EngineConfig, block_size: int) -> int:
+    """Key summaries per block for sparse attention's `score_block` (1: one per block), or why not."""
+    tokens = config.sparse.score_block
+    if tokens is None or tokens == block_size:
+        return 1
+    if tokens < 1 or block_size % tokens:
+        raise InvalidRequestError(
+            f"--sparse-score-block {tokens} must divide the {block_size}-token KV block (e.g. "
+            f"{block_size // 2} or {block_size // 4})"
+        )
+    if config.kv_dtype in BITS:
+        raise InvalidRequestError(
+            f"--sparse-score-block {tokens} needs a full-precision or fp8 KV cache: an {config.kv_dtype} "
+            "cache's per-block key scales are its summaries"
+        )
+    return block_size // tokens
 
 
 def make_kv_cache(
@@ -190,7 +210,13 @@ def make_kv_cache(
         return QuantizedKVCache(*shape, dtype, bits, is_free, staging_slots=max_num_seqs + 1, device=device)
     kind = Fp8KVCache if plan.kv_dtype == "fp8" else KVCache
     return kind(
-        *shape, dtype, track_summaries=plan.track_summaries, device=device, layout=layout, page_map=page_map
+        *shape,
+        dtype,
+        track_summaries=plan.track_summaries,
+        device=device,
+        layout=layout,
+        page_map=page_map,
+        summary_parts=plan.summary_parts,
     )
 
 

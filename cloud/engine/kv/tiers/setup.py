@@ -93,5 +93,9 @@ def cold_codec(
             f"{plan.kv_dtype} already (its disk tier stores its own bytes: leave it auto)"
         )
     c = model
-    tail = 0 if cache.summaries is None else 2 * 2 * c.num_layers * c.num_kv_heads * c.head_dim
+    tail = (
+        0
+        if cache.summaries is None
+        else 2 * 2 * c.num_layers * c.num_kv_heads * c.head_dim * cache.summaries.parts
+    )
     return ColdCodec(c.num_layers, c.num_kv_heads, plan.block_size, c.head_dim, cache.dtype, BITS[cold], tail)

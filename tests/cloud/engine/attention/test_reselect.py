@@ -12,13 +12,12 @@ import torch
 
 from cloud.engine.attention.reselect import SelectionReuse
 from cloud.engine.attention.sparse import SparseAttention
-from cloud.engine.config import EngineConfig, SparseConfig
-from cloud.engine.core import EngineCore
+from cloud.engine.config import SparseConfig
 from ctxfuse.engine_cli import add_engine_options, engine_config
 from kernels.cpu.paged_attention import available as cpu_kernels_available
 from shared.engine_types import SamplingParams
 from shared.errors import InvalidRequestError
-from tests.cloud.engine.recording import RecordingSampler
+from tests.cloud.engine.recording import recorded_sparse_core
 
 BS = 8
 
@@ -96,22 +95,8 @@ def _generate(loaded_model, kernels: str, reselect: int, kv_dtype: str):  # type
     """A 40-token prompt past a 3-block budget, 8 tokens greedy; a 25-token one joins at the third (the
     batch changes) and leaves first. No block completes while decoding: an int8 / int4 block rounds its
     keys once complete, and there the two paths' last-bit differences can round a code apart."""
-    config = EngineConfig(
-        device="cpu",
-        dtype="float32",
-        weight_quant="none",
-        kv_cache_memory_gib=0.1,
-        max_num_seqs=2,
-        max_model_len=256,
-        block_size=BS,
-        kv_dtype=kv_dtype,
-        attention="sparse",
-        attention_kernels=kernels,
-        sparse=SparseConfig(sinks=8, window=8, budget=24, dense_layers=2, reselect=reselect),
-    )
-    core = EngineCore(config, loaded_model)
-    rec = RecordingSampler()
-    core.runner.sampler = rec
+    sparse = SparseConfig(sinks=8, window=8, budget=24, dense_layers=2, reselect=reselect)
+    core, rec = recorded_sparse_core(loaded_model, kernels, sparse, BS, kv_dtype, max_num_seqs=2)
     doc = core.tokenizer.encode("The Rhine begins in the Swiss Alps and flows to the North Sea. " * 4)
     core.add_request("long", doc[:40], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     tokens: dict[str, list[int]] = {}

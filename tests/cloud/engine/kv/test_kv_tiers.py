@@ -153,11 +153,14 @@ def test_model_identity_tells_files_apart_by_content(tmp_path: Path) -> None:
     assert model_identity(a) != model_identity(b) and model_identity(a) == model_identity(a)
 
 
-@pytest.mark.parametrize("kind", ["full", "int4"])
+@pytest.mark.parametrize("kind", ["full", "full, key summaries by half block", "int4"])
 def test_a_record_restores_every_part_of_a_block(kind: str) -> None:
     torch.manual_seed(0)
-    if kind == "full":
-        cache: KVCache | QuantizedKVCache = KVCache(2, 6, 4, 2, 8, torch.float32, track_summaries=True)
+    if kind.startswith("full"):
+        halves = 2 if "half" in kind else 1  # --sparse-score-block: [kv_heads, blocks, 2, d] summaries
+        cache: KVCache | QuantizedKVCache = KVCache(
+            2, 6, 4, 2, 8, torch.float32, track_summaries=True, summary_parts=halves
+        )
     else:
         cache = QuantizedKVCache(2, 6, 4, 2, 8, torch.float32, 4, lambda b: True, staging_slots=2)
     parts = cache.block_parts()
