@@ -74,7 +74,7 @@ class SparseAttention:
         self.dense_layers = default if config.dense_layers is None else config.dense_layers
         if config.reselect < 1:
             raise InvalidRequestError(f"--sparse-reselect must be at least 1 token, not {config.reselect}")
-        score = config.score_block or block_size
+        score = block_size if config.score_block is None else config.score_block
         if score < 1 or block_size % score:
             raise InvalidRequestError(
                 f"--sparse-score-block {score} must divide the {block_size}-token KV block"

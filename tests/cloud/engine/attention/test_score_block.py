@@ -120,6 +120,8 @@ def test_score_blocks_that_cannot_be_kept_are_refused_with_the_reason() -> None:
         )
     with pytest.raises(InvalidRequestError, match="--sparse-score-block 3 must divide"):
         SparseAttention(None, SparseConfig(score_block=3), 16)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="--sparse-score-block 0 must divide"):
+        SparseAttention(None, SparseConfig(score_block=0), 16)  # type: ignore[arg-type]
     assert summary_parts(EngineConfig(attention="sparse", sparse=SparseConfig(score_block=16)), 16) == 1
     assert summary_parts(EngineConfig(attention="sparse", sparse=SparseConfig(score_block=4)), 16) == 4
     parser = argparse.ArgumentParser()
