@@ -171,7 +171,7 @@ class CpuKernelAttention(KernelAttention):
             self.quest
             and c.select == "group"
             and c.top_p is None
-            and s.summary_parts == 1
+            and not s.scored_by_parts(cache)
             and s.probe is None
         ):
             every = s.dense_heads[layer] if s.dense_heads is not None and layer in s.dense_prefill else None

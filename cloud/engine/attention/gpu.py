@@ -92,7 +92,7 @@ class TritonAttention(KernelAttention):
         if not sparse or self.sparse is None:
             return paged_decode(q, kc, vc, tables, lens, scale)
         s = self.sparse
-        if s.config.top_p is not None or s.config.select != "group" or s.summary_parts > 1:
+        if s.config.top_p is not None or s.config.select != "group" or s.scored_by_parts(cache):
             # the Triton selection ranks by the group's bound over whole blocks, a fixed count per head:
             # the reference else
             return self._reference_decode(layer, q, cache, meta)

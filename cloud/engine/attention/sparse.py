@@ -44,6 +44,7 @@ from cloud.engine.attention.dense import (
 from cloud.engine.attention.reselect import SelectionReuse
 from cloud.engine.attention.sparse_probe import SelectionProbe
 from cloud.engine.config import DENSE_LAYERS, SparseConfig
+from cloud.engine.kv.cache import KVCache
 from shared.errors import InvalidRequestError
 
 OBSERVED_QUERIES = 64  # a prefill chunk's last queries that choose its far blocks
@@ -74,12 +75,6 @@ class SparseAttention:
         self.dense_layers = default if config.dense_layers is None else config.dense_layers
         if config.reselect < 1:
             raise InvalidRequestError(f"--sparse-reselect must be at least 1 token, not {config.reselect}")
-        score = block_size if config.score_block is None else config.score_block
-        if score < 1 or block_size % score:
-            raise InvalidRequestError(
-                f"--sparse-score-block {score} must divide the {block_size}-token KV block"
-            )
-        self.summary_parts = block_size // score  # key summaries per block (the compiled selections take 1)
         # this path's selections, taken again for `reselect` tokens (the probe watches fresh ones only)
         self.reuse: SelectionReuse[tuple[torch.Tensor, torch.Tensor]] = SelectionReuse(
             config.reselect, block_size
@@ -250,18 +245,23 @@ class SparseAttention:
         that many query heads' runs of queries, each bounded apart: -> [..., kvh, heads, nb]. A block
         kept in parts is bounded by its best part."""
         kmin, kmax = cache.key_bounds(layer)  # [kvh, blocks, d], or [kvh, blocks, parts, d]
-        parts = 1 if kmin.dim() == 3 else kmin.shape[2]
-        if parts > 1:  # the parts in a row of their own, bounded apart: [..., nb * parts, d]
-            bmin = kmin[:, tables].movedim(0, -4).flatten(-3, -2).float()
-            bmax = kmax[:, tables].movedim(0, -4).flatten(-3, -2).float()
-        else:
-            bmin = kmin[:, tables].movedim(0, -3).float()  # [..., kvh, nb, d]
-            bmax = kmax[:, tables].movedim(0, -3).float()
+        if kmin.dim() == 3:  # one summary per block: one part
+            kmin, kmax = kmin.unsqueeze(2), kmax.unsqueeze(2)
+        parts = kmin.shape[2]
+        # every part in a row of its own, bounded apart: [..., kvh, nb * parts, d]
+        bmin = kmin[:, tables].movedim(0, -4).flatten(-3, -2).float()
+        bmax = kmax[:, tables].movedim(0, -4).flatten(-3, -2).float()
         qf = qg.float()
         if heads:
             qf, bmin, bmax = qf.unflatten(-2, (heads, -1)), bmin.unsqueeze(-3), bmax.unsqueeze(-3)
         ub = (qf.clamp(min=0) @ bmax.transpose(-1, -2) + qf.clamp(max=0) @ bmin.transpose(-1, -2)).amax(-2)
-        return ub if parts == 1 else ub.unflatten(-1, (-1, parts)).amax(-1)
+        return ub.unflatten(-1, (-1, parts)).amax(-1)
+
+    @staticmethod
+    def scored_by_parts(cache: AnyKVCache) -> bool:
+        """Whether the cache keeps several key summaries per block (kv/memory.py `summary_parts` decides
+        and refuses what cannot be kept); the compiled selections take one per block."""
+        return isinstance(cache, KVCache) and cache.summaries is not None and cache.summaries.parts > 1
 
     def _scored(
         self, layer: int, cache: AnyKVCache, qg: torch.Tensor, tables: torch.Tensor, drop: torch.Tensor | None

@@ -47,6 +47,7 @@ class KeySummaries:
         if parts < 1:
             raise ValueError(f"a block's summaries come in at least one part, not {parts}")
         self.parts = parts
+        self.block_bytes = KeySummaries.bytes_per_block(num_layers, num_kv_heads, head_dim, parts)
         shape = (
             (num_kv_heads, num_blocks, head_dim)
             if parts == 1
@@ -57,10 +58,14 @@ class KeySummaries:
         self.kmax = [torch.full(shape, -torch.inf, dtype=f16, device=device) for _ in range(num_layers)]
 
     @staticmethod
+    def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, parts: int = 1) -> int:
+        return 2 * 2 * num_layers * num_kv_heads * head_dim * parts  # fp16 min and max per channel
+
+    @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, parts: int = 1
     ) -> float:
-        return 2 * 2 * num_layers * num_kv_heads * head_dim * parts / block_size
+        return KeySummaries.bytes_per_block(num_layers, num_kv_heads, head_dim, parts) / block_size
 
     def update(self, layer: int, k: torch.Tensor, step: StepSlots) -> None:
         """k: [tokens, kv_heads, d], the step's new keys in slot order; `step` in units of one summary

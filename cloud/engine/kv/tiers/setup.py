@@ -93,9 +93,5 @@ def cold_codec(
             f"{plan.kv_dtype} already (its disk tier stores its own bytes: leave it auto)"
         )
     c = model
-    tail = (
-        0
-        if cache.summaries is None
-        else 2 * 2 * c.num_layers * c.num_kv_heads * c.head_dim * cache.summaries.parts
-    )
+    tail = 0 if cache.summaries is None else cache.summaries.block_bytes
     return ColdCodec(c.num_layers, c.num_kv_heads, plan.block_size, c.head_dim, cache.dtype, BITS[cold], tail)

@@ -118,10 +118,9 @@ def test_score_blocks_that_cannot_be_kept_are_refused_with_the_reason() -> None:
         summary_parts(
             EngineConfig(attention="sparse", kv_dtype="int8", sparse=SparseConfig(score_block=8)), 32
         )
-    with pytest.raises(InvalidRequestError, match="--sparse-score-block 3 must divide"):
-        SparseAttention(None, SparseConfig(score_block=3), 16)  # type: ignore[arg-type]
-    with pytest.raises(InvalidRequestError, match="--sparse-score-block 0 must divide"):
-        SparseAttention(None, SparseConfig(score_block=0), 16)  # type: ignore[arg-type]
+    for tokens in (3, 0, -8):
+        with pytest.raises(InvalidRequestError, match=f"--sparse-score-block {tokens} must divide"):
+            summary_parts(EngineConfig(attention="sparse", sparse=SparseConfig(score_block=tokens)), 16)
     assert summary_parts(EngineConfig(attention="sparse", sparse=SparseConfig(score_block=16)), 16) == 1
     assert summary_parts(EngineConfig(attention="sparse", sparse=SparseConfig(score_block=4)), 16) == 4
     parser = argparse.ArgumentParser()
