@@ -7,11 +7,13 @@ Ratios and agreement are taken over matched cases only: the same cell (task, len
 sample) with the same prompt ids, run without error by both configurations; so a configuration that
 ran fewer cases is not flattered or penalised by the cases it skipped.
 
-Effective length (RULER's): the longest length L such that the configuration's accuracy at L and at
-every shorter length it ran reaches a threshold. RULER's threshold is absolute, Llama-2-7B's score at
-4K (85.6%); a 135M model is far below that anywhere, so here it is relative: EFFECTIVE_SHARE (85%) of
-the reference configuration's own accuracy on the task at the shortest length of at least
-EFFECTIVE_BASE (4096) tokens it has a score at, or at its shortest length if none is that long.
+Effective length (RULER's): the longest length L such that the configuration's score at L and at
+every shorter length it ran reaches a threshold. The score is RULER's: per case the share of its
+answer items the answer holds (the accuracy for one item; partial credit for the list tasks, where
+the accuracy asks for every item). RULER's threshold is absolute, Llama-2-7B's score at 4K (85.6%);
+a 135M model is far below that anywhere, so here it is relative: EFFECTIVE_SHARE (85%) of the
+reference configuration's own score on the task at the shortest length of at least EFFECTIVE_BASE
+(4096) tokens it has a score at, or at its shortest length if none is that long.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .longctx_results import CaseResult
 
 Cell = tuple[str, int, int, int]
 
-EFFECTIVE_SHARE = 0.85  # of the reference's accuracy at the base length: the effective length's threshold
+EFFECTIVE_SHARE = 0.85  # of the reference's score at the base length: the effective length's threshold
 EFFECTIVE_BASE = 4096  # the threshold comes from the reference's shortest length at least this long
 
 
@@ -73,9 +75,9 @@ class ConfigSummary(msgspec.Struct, kw_only=True):
 class EffectiveLength(msgspec.Struct, kw_only=True):
     """One task's effective length. `length` is None where the configuration's shortest length
     already falls below the threshold, or where there is no threshold: the reference has no score on
-    the task, or scored 0 (every accuracy would reach a threshold of 0)."""
+    the task, or scored 0 (every score would reach a threshold of 0)."""
 
-    threshold: float | None  # the accuracy every length up to the effective one reaches
+    threshold: float | None  # the score every length up to the effective one reaches
     base_length: int | None  # the reference's length the threshold is taken at
     length: int | None
 
@@ -161,28 +163,29 @@ def _grid(cases: list[CaseResult]) -> dict[str, dict[int, dict[int, float | None
     }
 
 
-def _accuracy_by_length(cases: list[CaseResult], task: str) -> dict[int, float | None]:
-    """Length -> share of the task's finished cases answered correctly (None: none finished),
-    shortest first."""
+def _score_by_length(cases: list[CaseResult], task: str) -> dict[int, float | None]:
+    """Length -> the task's mean RULER score over its finished cases (None: none finished), shortest
+    first. RULER's score is the share of a case's answer items the answer holds (`score`): the
+    accuracy where one item is asked for, partial credit for a list (multivalue, vartrack, cwe)."""
     hits: dict[int, list[float]] = {}
     for c in cases:
         if c.task == task:
             at = hits.setdefault(c.length, [])
             if c.error is None:
-                at.append(float(c.correct))
+                at.append(float(c.correct) if c.score is None else c.score)
     return {n: _mean(h) for n, h in sorted(hits.items())}
 
 
 def effective_length(mine: list[CaseResult], ref_cases: list[CaseResult], task: str) -> EffectiveLength:
     """The task's effective length for the configuration whose cases are `mine`: its lengths are those
-    it has cases at, errors included (a length whose cases all failed has no accuracy: it falls short)."""
-    ref = {n: a for n, a in _accuracy_by_length(ref_cases, task).items() if a is not None}
+    it has cases at, errors included (a length whose cases all failed has no score: it falls short)."""
+    ref = {n: a for n, a in _score_by_length(ref_cases, task).items() if a is not None}
     base = next((n for n in ref if n >= EFFECTIVE_BASE), next(iter(ref), None))
     if base is None or not ref[base]:
         return EffectiveLength(threshold=None, base_length=base, length=None)
     threshold = EFFECTIVE_SHARE * ref[base]
     length = None
-    for n, acc in _accuracy_by_length(mine, task).items():
+    for n, acc in _score_by_length(mine, task).items():
         if acc is None or acc < threshold:
             break
         length = n

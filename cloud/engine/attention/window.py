@@ -12,9 +12,11 @@ never read here, so their local pages may be gone (a decode row's gather may rea
 before its window; those keys are masked).
 
 Backends that cannot honour a window are not handed a windowed layer: the compiled kernels (whose
-head dims are 64 and 128; Gemma's are 256) give way to the PyTorch reference, and what would have
-to ignore the window (Quest's block selection, the StreamingLLM overflow policy that rotates sink
-keys with one RoPE) is refused when the engine starts.
+head dims are 64 and 128; Gemma's are 256) give way to the PyTorch reference. Sparse attention
+(Quest's block selection) runs the global layers only, where a whole context is read: a local
+layer's window is already less than a sparse budget. What would have to ignore the window (the
+StreamingLLM overflow policy that rotates sink keys with one RoPE) is refused when the engine
+starts.
 """
 
 from __future__ import annotations
@@ -148,14 +150,11 @@ def with_windows(
             "sink keys would need each layer's own RoPE); use --context-overflow error or truncate_middle"
         )
     reference = attention.reference if isinstance(attention, KernelAttention) else attention
-    if isinstance(reference, SparseAttention):
-        raise ModelLoadError(
-            "--attention sparse selects key blocks without regard to this model's sliding-window "
-            "layers; use --attention dense"
-        )
-    if not isinstance(reference, DenseAttention):
+    # sparse attention selects blocks in the global layers; the local ones attend to their window
+    dense = reference.dense if isinstance(reference, SparseAttention) else reference
+    if not isinstance(dense, DenseAttention):
         raise ModelLoadError(f"{type(reference).__name__} cannot honour this model's sliding-window layers")
     inner = attention
     if isinstance(attention, KernelAttention) and head_dim not in KERNEL_HEAD_DIMS:
         inner = reference  # the compiled kernels (C++ and Triton alike) have no such head size
-    return WindowedAttention(inner, reference, windows)
+    return WindowedAttention(inner, dense, windows)

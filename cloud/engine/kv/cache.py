@@ -10,7 +10,8 @@ the same interface; this one is its reference.
 With a page layout (kv/layout.py: a model with sliding-window layers), a block is a page of the
 global layers only; layers share storage slots, and a local layer reaches its block's page through
 the page map [blocks, groups] the block pool keeps: `write` and `gather` translate, so attention
-backends keep passing the request's block table.
+backends keep passing the request's block table. Key summaries (sparse attention's) are kept for
+the global layers only.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ class KVCache:
         self.layout = layout
         self.groups = (-1,) * num_layers if layout is None else layout.groups
         self.page_map = None if layout is None else page_map_for(num_blocks, layout, page_map, self.device)
-        if layout is not None and track_summaries:
-            raise ValueError("key summaries (sparse attention) need the plain layout")
         if block_size % summary_parts:
             raise ValueError(f"{summary_parts} key summaries do not split a {block_size}-token block")
+        # key summaries (sparse attention) for the layers that read blocks through the table, by
+        # storage slot: with a page layout the global layers only (local ones attend to their window)
+        self.summary_slot = list(where)
         self.summaries = (
-            KeySummaries(num_layers, num_blocks, num_kv_heads, head_dim, self.device, summary_parts)
+            KeySummaries(stored, num_blocks, num_kv_heads, head_dim, self.device, summary_parts)
             if track_summaries
             else None
         )
@@ -119,13 +121,14 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         # k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64
-        if self.groups[layer] >= 0:
+        local = self.groups[layer] >= 0
+        if local:
             bs = self.block_size
             slot_mapping = self.pages(layer, slot_mapping // bs) * bs + slot_mapping % bs
         self.k[layer].index_copy_(1, slot_mapping, self.encode(layer, k, 0).transpose(0, 1))
         self.v[layer].index_copy_(1, slot_mapping, self.encode(layer, v, 1).transpose(0, 1))
-        if self.summaries is not None:
-            self.summaries.update(layer, k, self._slots(slot_mapping))
+        if self.summaries is not None and not local:
+            self.summaries.update(self.summary_slot[layer], k, self._slots(slot_mapping))
 
     def encode(self, layer: int, x: torch.Tensor, which: int) -> torch.Tensor:
         """x: [tokens, kv_heads, d] as stored (which: 0 keys, 1 values); the identity here."""
@@ -155,7 +158,10 @@ class KVCache:
         parts, d] with several summaries per block."""
         if self.summaries is None:
             raise RuntimeError("this KV cache keeps no key summaries (sparse attention turns them on)")
-        return self.summaries.kmin[layer], self.summaries.kmax[layer]
+        if self.groups[layer] >= 0:
+            raise RuntimeError(f"layer {layer} attends to its window: it keeps no key summaries")
+        slot = self.summary_slot[layer]
+        return self.summaries.kmin[slot], self.summaries.kmax[slot]
 
     def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole blocks, in table order. blocks: [nb] -> k, v of [kv_heads, nb * block_size, dim];

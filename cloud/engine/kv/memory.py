@@ -68,7 +68,6 @@ def layout_for(config: EngineConfig, model: ModelConfig) -> PageLayout | None:
     whole_blocks = (
         config.disable_hybrid_kv_cache_manager
         or config.kv_dtype in BITS
-        or config.attention == "sparse"
         or config.kv_prune_budget is not None
         or config.kv_host_memory_gib > 0
         or config.kv_offload_dir is not None

@@ -183,6 +183,27 @@ def test_the_threshold_is_a_share_of_the_references_own_score_at_4k_or_its_short
     )
 
 
+def test_a_list_tasks_effective_length_takes_rulers_partial_score_not_the_exact_accuracy() -> None:
+    """cwe answered with 4 of its 10 words at 4K and 16K and none at 32K: no case is exactly right,
+    but the score (RULER's share of the items held) holds to 16K."""
+
+    def cwe(config: str, length: int, share: float) -> list[CaseResult]:
+        return [
+            CaseResult(
+                config=config, task="cwe", length=length, depth=d, sample=0, score=share, correct=False
+            )
+            for d in range(2)
+        ]
+
+    ref = cwe("dense", 4096, 0.4) + cwe("dense", 16384, 0.4) + cwe("dense", 32768, 0.0)
+    assert effective_length(ref, ref, "cwe") == EffectiveLength(
+        threshold=0.34, base_length=4096, length=16384
+    )
+    sparse = cwe("sparse", 4096, 0.4) + cwe("sparse", 16384, 0.3) + cwe("sparse", 32768, 0.4)
+    assert effective_length(sparse, ref, "cwe").length == 4096  # 0.3 < 85% of 0.4
+    assert summarise(ref, {"dense": 1.0}, "dense")["dense"].figures.accuracy == 0.0
+
+
 def test_the_summary_holds_every_tasks_effective_length_and_grid_and_its_heatmap_wraps(
     tmp_path: Path,
 ) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from cloud.engine.config import EngineConfig
+from cloud.engine.config import EngineConfig, SparseConfig
 from cloud.engine.core import EngineCore
 from cloud.model.gguf_loader import _dequantize, read_config
 from cloud.model.kquants import KQUANTS
@@ -290,3 +290,45 @@ def test_local_layers_keep_only_their_window_and_generate_as_the_plain_layout(ge
     # 1306 tokens: the plain layout holds 82 blocks of 18 layers; this one 82 pages of the 3 global
     # layers and each local group's window (5 x 34 pages of 3 layers): 0.52 of it
     assert held_bytes <= 0.55 * plain_bytes
+
+
+def test_sparse_attention_selects_in_the_global_layers_over_either_layout(gemma: LoadedModel) -> None:
+    """`--attention sparse` on a model with sliding-window layers: the three global layers choose
+    their blocks (Quest, a 160-token budget over a 600-token prompt), the local ones attend to
+    their window. The per-layer-type layout (key summaries for the global layers' pages only) gives
+    the plain layout's tokens and logits, and the selection changes the logits from dense's."""
+    g = torch.Generator().manual_seed(2)
+    prompt = [BOS, *torch.randint(1000, gemma.weights.config.vocab_size // 2, (599,), generator=g).tolist()]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    sparse = SparseConfig(sinks=32, window=64, budget=160)
+    results = {}
+    for name, attention, hybrid in (
+        ("layout", "sparse", True),
+        ("plain", "sparse", False),
+        ("dense", "dense", True),
+    ):
+        config = EngineConfig(
+            dtype="float32",
+            weight_quant="none",
+            kv_cache_memory_gib=0.25,
+            max_model_len=1024,
+            max_num_batched_tokens=256,
+            attention=attention,
+            sparse=sparse,
+            disable_hybrid_kv_cache_manager=not hybrid,
+        )
+        core = EngineCore(config, gemma)
+        assert (core.kv_plan.layout is not None) is hybrid
+        rec = RecordingSampler()
+        core.runner.sampler = rec
+        out: list[int] = []
+        core.add_request("doc", prompt, params)
+        while core.has_work():
+            for o in core.step():
+                out.extend(o.token_ids)
+        results[name] = (out, rec.logits["doc"])
+    (out, logits), (plain_out, plain_logits), (_, dense_logits) = results.values()
+    assert out == plain_out
+    for got, want in zip(logits, plain_logits, strict=True):
+        assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    assert (logits[0] - dense_logits[0]).abs().max().item() > 1e-3  # the far blocks were chosen among

@@ -88,8 +88,9 @@ def test_modes_that_would_ignore_a_window_are_refused_and_kernels_without_the_he
     assert with_windows(dense, (None, None), 256, 0) is dense
     with pytest.raises(ModelLoadError, match="--context-overflow sliding_window"):
         with_windows(dense, windows, 256, sink_blocks=2)
-    with pytest.raises(ModelLoadError, match="--attention sparse"):
-        with_windows(SparseAttention(dense, SparseConfig(), 16), windows, 256, 0)
+    sparse = SparseAttention(dense, SparseConfig(), 16)  # its selection runs the global layers only
+    wrapped = with_windows(CpuKernelAttention(sparse), windows, 256, 0)
+    assert isinstance(wrapped, WindowedAttention) and wrapped.inner is sparse and wrapped.dense is dense
     wrapped = with_windows(CpuKernelAttention(dense), windows, 256, 0)
     assert isinstance(wrapped, WindowedAttention) and wrapped.inner is dense  # no 256-wide kernels
     kernels = CpuKernelAttention(DenseAttention(HEADS, KV_HEADS, 128))

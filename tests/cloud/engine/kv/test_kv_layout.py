@@ -8,8 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+import torch
+
 from cloud.engine.config import EngineConfig
 from cloud.engine.kv.block_pool import BlockPool
+from cloud.engine.kv.cache import KVCache
 from cloud.engine.kv.layout import PageLayout, page_layout, resident_pages
 from cloud.engine.kv.manager import KVManager
 from cloud.engine.kv.memory import plan_kv
@@ -139,6 +143,10 @@ def test_gemma_at_32k_keeps_over_four_times_the_tokens_in_the_same_budget(gemma_
         return plan.num_blocks // resident_pages(plan.layout, context, bs) * context
 
     assert tokens(hybrid) >= 4 * tokens(plain)
+    # sparse attention keeps the layout: key summaries for the 3 global layers' pages only
+    sparse = plan_kv(replace(config, attention="sparse"), model, 32768)
+    assert sparse.layout is not None
+    assert sparse.bytes_per_token - hybrid.bytes_per_token == 3 * 2 * 2 * model.head_dim / bs
     # a quantized cache moves whole blocks: the plain layout, whatever the model
     assert plan_kv(replace(config, kv_dtype="int8"), model, 32768).layout is None
 
@@ -181,3 +189,28 @@ def test_one_budget_runs_two_long_requests_at_once_where_every_layer_held_one() 
     windows, preempted = _most_tokens_held(5, 127 * 6)
     assert plain <= 127 * 16
     assert windows >= 2 * 2000 and preempted == 0  # the first decodes while the second prefills
+
+
+def test_key_summaries_follow_the_global_layers_pages_and_local_layers_keep_none() -> None:
+    """Sparse attention over a page layout: a global layer's block summaries are the min / max of
+    the keys written to its page, whichever storage slot the layer has; a local layer's writes (to
+    companion pages) touch no summary, and it has none to read."""
+    layout = page_layout([8, None, 8, None])  # slots: global layers 1 and 3 -> 0 and 1
+    assert layout is not None
+    cache = KVCache(4, 12, BS, 2, 8, torch.float32, track_summaries=True, layout=layout)
+    assert cache.summaries is not None and len(cache.summaries.kmin) == 2
+    g = torch.Generator().manual_seed(0)
+    slots = torch.tensor([5 * BS + 1, 5 * BS + 2, 7 * BS])  # blocks 5 and 7
+    keys = {layer: torch.randn(3, 2, 8, generator=g) for layer in range(4)}
+    for layer in range(4):
+        cache.begin_step(slots)
+        cache.write(layer, keys[layer], keys[layer], slots)
+    for layer in (1, 3):
+        kmin, kmax = cache.key_bounds(layer)
+        k = keys[layer].half()
+        torch.testing.assert_close(kmin[:, 5], k[:2].amin(0))
+        torch.testing.assert_close(kmax[:, 5], k[:2].amax(0))
+        torch.testing.assert_close(kmax[:, 7], k[2])
+        assert bool(kmin[:, 6].isinf().all())  # never written
+    with pytest.raises(RuntimeError, match="layer 2 attends to its window"):
+        cache.key_bounds(2)
