@@ -13,10 +13,9 @@ before its window; those keys are masked).
 
 Backends that cannot honour a window are not handed a windowed layer: the compiled kernels (whose
 head dims are 64 and 128; Gemma's are 256) give way to the PyTorch reference. Sparse attention
-(Quest's block selection) runs the global layers only, where a whole context is read: a local
-layer's window is already less than a sparse budget. What would have to ignore the window (the
-StreamingLLM overflow policy that rotates sink keys with one RoPE) is refused when the engine
-starts.
+(Quest's block selection) runs the global layers only, where a whole context is read; a local layer
+reads its window as under dense. What would have to ignore the window (the StreamingLLM overflow
+policy that rotates sink keys with one RoPE) is refused when the engine starts.
 """
 
 from __future__ import annotations
