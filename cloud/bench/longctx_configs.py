@@ -74,6 +74,9 @@ CONFIGS: dict[str, LongCtxConfig] = {
         LongCtxConfig("dense"),  # the reference: every ratio is to this one, so it runs first
         LongCtxConfig("sparse-1024", attention="sparse", sparse_budget=1024),
         LongCtxConfig("sparse-2048", attention="sparse", sparse_budget=2048),
+        # `--attention sparse` as served to a model without a head calibration (Gemma 3): SparseConfig's
+        # budget, reselection and dense layers
+        LongCtxConfig("sparse-2048-r4", attention="sparse", sparse_budget=2048, reselect=4),
         LongCtxConfig("int8", kv_dtype="int8"),
         LongCtxConfig("int4", kv_dtype="int4"),
         LongCtxConfig("sparse-1024-int4", attention="sparse", sparse_budget=1024, kv_dtype="int4"),
@@ -110,9 +113,12 @@ CONFIGS: dict[str, LongCtxConfig] = {
     )
 }
 REFERENCE = "dense"
-# one change each to the selection at a budget of an eighth (or a sixteenth) of the context: run when
-# asked for
-ABLATIONS = tuple(name for name in CONFIGS if name.startswith(("sparse-eighth-", "sparse-sixteenth-")))
+# one change each to the selection at a budget of an eighth (or a sixteenth) of the context, and the
+# served selection at its default budget: run when asked for
+ABLATIONS = (
+    *(name for name in CONFIGS if name.startswith(("sparse-eighth-", "sparse-sixteenth-"))),
+    "sparse-2048-r4",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ vocabulary with a fixed seed, BOS first: what is compared does not depend on a t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,29 @@ def test_real_tensors_decode_as_the_gguf_reference_and_the_config_is_gemmas(gemm
     assert c.layer_windows == tuple(None if (i + 1) % 6 == 0 else WINDOW for i in range(18))
 
 
+def _engine(gemma: LoadedModel, **changes: Any) -> tuple[EngineCore, RecordingSampler]:
+    """An engine over Gemma's float32 weights, recording each step's logits; `changes` to its config."""
+    config = EngineConfig(
+        dtype="float32", weight_quant="none", kv_cache_memory_gib=0.25, max_num_batched_tokens=256
+    )
+    core = EngineCore(replace(config, **changes), gemma)
+    rec = RecordingSampler()
+    core.runner.sampler = rec
+    return core, rec
+
+
+def _drain(core: EngineCore, out: dict[str, list[int]]) -> int:
+    """Steps until every request has finished, each request's tokens added to out[its id]; returns
+    the pages held after the last step that left a request running."""
+    held = 0
+    while core.has_work():
+        for o in core.step():
+            out.setdefault(o.request_id, []).extend(o.token_ids)
+        if core.scheduler.running:
+            held = core.pool.num_blocks - core.pool.num_free
+    return held
+
+
 @pytest.fixture(scope="module")
 def run(gemma: LoadedModel) -> Run:
     """One engine, three requests: a short prompt and a 530-token one together (batched decode rows
@@ -154,30 +177,15 @@ def run(gemma: LoadedModel) -> Run:
         return torch.randint(1000, gemma.weights.config.vocab_size // 2, (n,), generator=g).tolist()
 
     prompts = {"short": [BOS, *tokens(11)], "long": [BOS, *tokens(529)]}
-    config = EngineConfig(
-        dtype="float32",
-        weight_quant="none",
-        kv_cache_memory_gib=0.25,
-        max_model_len=1024,
-        max_num_batched_tokens=CHUNK,
-    )
-    core = EngineCore(config, gemma)
-    rec = RecordingSampler()
-    core.runner.sampler = rec
+    core, rec = _engine(gemma, max_model_len=1024, max_num_batched_tokens=CHUNK)
     out: dict[str, list[int]] = {}
-
-    def drain() -> None:
-        while core.has_work():
-            for o in core.step():
-                out.setdefault(o.request_id, []).extend(o.token_ids)
-
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     core.add_request("short", prompts["short"], params)
     core.add_request("long", prompts["long"], params)
-    drain()
+    _drain(core, out)
     prompts["hit"] = prompts["long"] + out["long"] + tokens(23)
     core.add_request("hit", prompts["hit"], params)
-    drain()
+    _drain(core, out)
     windows = tuple(core.model.attention_window(i) for i in range(gemma.weights.config.num_layers))
     return Run(
         prompts,
@@ -251,33 +259,16 @@ def test_local_layers_keep_only_their_window_and_generate_as_the_plain_layout(ge
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     results = {}
     for hybrid in (True, False):
-        config = EngineConfig(
-            dtype="float32",
-            weight_quant="none",
-            kv_cache_memory_gib=0.25,
-            max_model_len=2048,
-            max_num_batched_tokens=256,
-            disable_hybrid_kv_cache_manager=not hybrid,
-        )
-        core = EngineCore(config, gemma)
+        core, rec = _engine(gemma, max_model_len=2048, disable_hybrid_kv_cache_manager=not hybrid)
         assert (core.kv_plan.layout is not None) is hybrid
         if hybrid:  # the cache reads its own copy of the page map, fed changed rows, as on a GPU
             assert core.cache.page_map is core.pool.page_map
             core.cache.page_map = core.pool.page_map.clone()
-        rec = RecordingSampler()
-        core.runner.sampler = rec
         out: dict[str, list[int]] = {}
-        held = 0  # pages the document's request holds once decoding
         core.add_request("doc", doc, params)
-        while core.has_work():
-            for o in core.step():
-                out.setdefault(o.request_id, []).extend(o.token_ids)
-            if core.scheduler.running:
-                held = core.pool.num_blocks - core.pool.num_free
+        held = _drain(core, out)  # pages the document's request holds once decoding
         core.add_request("hit", doc + out["doc"] + extra, params)
-        while core.has_work():
-            for o in core.step():
-                out.setdefault(o.request_id, []).extend(o.token_ids)
+        _drain(core, out)
         page_bytes = core.kv_plan.bytes_per_token * core.kv_plan.block_size
         results[hybrid] = (out, rec.logits, held * page_bytes, core.stats().prefix_hit_tokens)
     out, logits, held_bytes, hit = results[True]
@@ -307,26 +298,18 @@ def test_sparse_attention_selects_in_the_global_layers_over_either_layout(gemma:
         ("plain", "sparse", False),
         ("dense", "dense", True),
     ):
-        config = EngineConfig(
-            dtype="float32",
-            weight_quant="none",
-            kv_cache_memory_gib=0.25,
+        core, rec = _engine(
+            gemma,
             max_model_len=1024,
-            max_num_batched_tokens=256,
             attention=attention,
             sparse=sparse,
             disable_hybrid_kv_cache_manager=not hybrid,
         )
-        core = EngineCore(config, gemma)
         assert (core.kv_plan.layout is not None) is hybrid
-        rec = RecordingSampler()
-        core.runner.sampler = rec
-        out: list[int] = []
+        out: dict[str, list[int]] = {}
         core.add_request("doc", prompt, params)
-        while core.has_work():
-            for o in core.step():
-                out.extend(o.token_ids)
-        results[name] = (out, rec.logits["doc"])
+        _drain(core, out)
+        results[name] = (out["doc"], rec.logits["doc"])
     (out, logits), (plain_out, plain_logits), (_, dense_logits) = results.values()
     assert out == plain_out
     for got, want in zip(logits, plain_logits, strict=True):
